@@ -1,0 +1,73 @@
+# stratad developer tasks. `make help` lists them.
+# Everything runs inside ./.venv, which `make dev` creates on first use.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
+        rust-check proto proto-check core-purity bench clean
+
+help: ## List the targets with a one-line description
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml Cargo.toml $(wildcard rust/*/Cargo.toml)
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+dev: $(STAMP) ## Create .venv and install stratad editable with dev tools (builds the Rust core)
+
+build: $(STAMP) ## Rebuild the Rust extension into the source tree after a Rust change
+	$(VENV)/bin/maturin develop --release --quiet
+
+run: $(STAMP) ## Set up and run the daemon on 127.0.0.1:50051 with ./stratad-data
+	$(VENV)/bin/stratad serve
+
+test: build ## Set up and run the whole test suite
+	$(PY) -m pytest -q
+
+test-slow: build ## Run the test suite including long soak tests (e.g. 50 crash rounds)
+	$(PY) -m pytest -q --runslow
+
+lint: $(STAMP) ## ruff lint + format check
+	$(VENV)/bin/ruff check python tests bench scripts
+	$(VENV)/bin/ruff format --check python tests bench scripts
+
+format: $(STAMP) ## Format Python and Rust code
+	$(VENV)/bin/ruff format python tests bench scripts
+	$(VENV)/bin/ruff check --fix python tests bench scripts
+	cargo fmt --all
+
+typecheck: $(STAMP) ## mypy --strict over python/stratad
+	$(VENV)/bin/mypy
+
+stubtest: build ## Check the hand-written _core.pyi against the built extension
+	$(PY) -m mypy.stubtest stratad._core
+
+rust-check: ## cargo fmt --check, clippy -D warnings, cargo test
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo test --workspace
+
+proto: $(STAMP) ## Regenerate python/stratad/api/v1 from proto/
+	$(PY) scripts/gen_proto.py
+
+proto-check: $(STAMP) ## Fail if the committed generated code differs from proto/
+	$(PY) scripts/gen_proto.py --check
+
+core-purity: ## Fail if the pure Rust core depends on pyo3
+	@if cargo tree -p stratad-core -e normal | grep -qi pyo3; then \
+		echo "stratad-core must not depend on pyo3"; exit 1; \
+	else echo "stratad-core is pyo3-free"; fi
+
+bench: build ## Run every benchmark and update docs/benchmarks.md
+	@for b in bench/[a-z]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean: ## Remove build outputs (keeps .venv)
+	cargo clean
+	rm -rf dist .pytest_cache .mypy_cache .ruff_cache
