@@ -1,0 +1,311 @@
+"""Daemon configuration: one typed `Config`, loaded from four layers.
+
+Precedence, highest first: command-line flags > ``STRATAD_*`` environment
+variables > the TOML config file (``--config`` / ``STRATAD_CONFIG``) >
+defaults. The file is flat: its top-level keys are the field names of
+`Config` (``data_dir = "/var/lib/stratad"``). Every value, whatever layer it
+comes from, goes through the same parser, so an invalid value is reported the
+same way everywhere: as a `ConfigError` naming the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, cast
+
+from stratad.errors import InvalidArgumentError
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+LogFormat = Literal["text", "json"]
+Durability = Literal["fsync", "interval", "none"]
+
+LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS: Final = ("text", "json")
+DURABILITY_MODES: Final = ("fsync", "interval", "none")
+ENV_PREFIX: Final = "STRATAD_"
+CONFIG_FILE_ENV: Final = "STRATAD_CONFIG"
+MIB: Final = 1024 * 1024
+# gRPC message-size options are C ints.
+MAX_GRPC_MESSAGE_BYTES: Final = 2**31 - 1
+
+
+class ConfigError(InvalidArgumentError):
+    """A configuration file, variable or flag is unknown or has an invalid value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything `stratad serve` can be told. Field names are the TOML keys."""
+
+    listen: str = "127.0.0.1:50051"
+    data_dir: Path = Path("./stratad-data")
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "text"
+    grace_period: float = 10.0
+    max_message_bytes: int = 64 * MIB
+    max_concurrent_rpcs: int = 0
+    durability: Durability = "fsync"
+    fsync_interval_ms: int = 100
+
+    def __post_init__(self) -> None:
+        # Code (tests, embedders) may build a Config directly: hold it to the
+        # same rules as one loaded from flags, environment or file.
+        for option in OPTIONS:
+            value = _parse_value(option, getattr(self, option.name), "Config field")
+            object.__setattr__(self, option.name, value)
+
+    @property
+    def is_unix_socket(self) -> bool:
+        return self.listen.startswith("unix:")
+
+
+# --- value parsers ----------------------------------------------------------
+# Each takes a raw value (a str from a flag or the environment, or a typed
+# TOML value) and returns the typed value or raises ValueError with a reason.
+
+Parser = Callable[[object], Any]
+
+
+def _parse_str(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise ValueError(f"expected a string, got {type(raw).__name__}")
+    return raw
+
+
+def _parse_listen(raw: object) -> str:
+    value = _parse_str(raw).strip()
+    if value.startswith("unix:"):
+        if not value.removeprefix("unix:").lstrip("/"):
+            raise ValueError("a unix socket address needs a path, e.g. unix:/run/stratad.sock")
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected HOST:PORT or unix:/path")
+    if host.startswith("[") != host.endswith("]"):
+        raise ValueError("an IPv6 host must be in brackets, e.g. [::1]:50051")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"port must be a number from 0 to 65535, got {port!r}")
+    return value
+
+
+def _parse_path(raw: object) -> Path:
+    value = str(raw) if isinstance(raw, Path) else _parse_str(raw)
+    if not value:
+        raise ValueError("must not be empty")
+    return Path(value).expanduser()
+
+
+def _choice(*allowed: str) -> Parser:
+    def parse(raw: object) -> str:
+        value = _parse_str(raw).strip().lower()
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}; got {raw!r}")
+        return value
+
+    return parse
+
+
+def _number(kind: type[int] | type[float], minimum: float, maximum: float | None = None) -> Parser:
+    def parse(raw: object) -> int | float:
+        value = _coerce_number(kind, raw)
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number; got {raw!r}")
+        if value < minimum:
+            raise ValueError(f"must be >= {_show(minimum)}; got {raw!r}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be <= {_show(maximum)}; got {raw!r}")
+        return value
+
+    return parse
+
+
+def _show(bound: float) -> str:
+    return f"{bound:,.0f}" if float(bound).is_integer() else str(bound)
+
+
+def _coerce_number(kind: type[int] | type[float], raw: object) -> int | float:
+    # bool is an int subclass: `grace_period = true` in TOML is a mistake.
+    if isinstance(raw, bool):
+        raise ValueError(f"expected a number, got {raw!r}")
+    if isinstance(raw, int) or (kind is float and isinstance(raw, float)):
+        return kind(raw)
+    if isinstance(raw, str):
+        try:
+            return kind(raw.strip())
+        except ValueError:
+            pass
+    noun = "an integer" if kind is int else "a number"
+    raise ValueError(f"expected {noun}, got {raw!r}")
+
+
+# --- the option table ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One config key: how to parse it and how to document it."""
+
+    name: str
+    parse: Parser
+    help: str
+    metavar: str
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def default(self) -> object:
+        field = next(f for f in dataclasses.fields(Config) if f.name == self.name)
+        return field.default
+
+
+OPTIONS: Final[tuple[Option, ...]] = (
+    Option(
+        "listen",
+        _parse_listen,
+        "address to serve gRPC on: HOST:PORT (port 0 picks a free port) or unix:/path",
+        "ADDR",
+    ),
+    Option(
+        "data_dir",
+        _parse_path,
+        "data directory; created if missing, locked while the daemon runs",
+        "DIR",
+    ),
+    Option("log_level", _choice(*LOG_LEVELS), "log level: " + ", ".join(LOG_LEVELS), "LEVEL"),
+    Option(
+        "log_format",
+        _choice(*LOG_FORMATS),
+        "log format: text or json (one JSON object a line)",
+        "FMT",
+    ),
+    Option(
+        "grace_period",
+        _number(float, 0),
+        "seconds in-flight calls get to finish after SIGTERM/SIGINT",
+        "SECONDS",
+    ),
+    Option(
+        "max_message_bytes",
+        _number(int, 1, MAX_GRPC_MESSAGE_BYTES),
+        "largest gRPC message accepted or sent, in bytes",
+        "BYTES",
+    ),
+    Option(
+        "max_concurrent_rpcs",
+        _number(int, 0, MAX_GRPC_MESSAGE_BYTES),
+        "calls served at once before new ones get RESOURCE_EXHAUSTED; 0 = no limit",
+        "N",
+    ),
+    Option(
+        "durability",
+        _choice(*DURABILITY_MODES),
+        "when writes reach the disk: fsync (before every acknowledgement), "
+        "interval (every fsync_interval_ms) or none (left to the OS)",
+        "MODE",
+    ),
+    Option(
+        "fsync_interval_ms",
+        _number(int, 1),
+        "milliseconds between fsyncs in durability mode 'interval'",
+        "MS",
+    ),
+)
+OPTIONS_BY_NAME: Final = {option.name: option for option in OPTIONS}
+
+
+# --- loading ------------------------------------------------------------------
+
+
+def load_config(
+    flags: Mapping[str, object | None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | str | None = None,
+) -> Config:
+    """Build a `Config` from flags > environment > config file > defaults.
+
+    ``flags`` maps option names to raw values, None meaning "not given" (as
+    argparse reports an absent flag). ``config_file`` defaults to
+    ``STRATAD_CONFIG`` from ``environ``. Raises `ConfigError`.
+    """
+    flags = flags or {}
+    environ = environ if environ is not None else {}
+    if config_file is None:
+        config_file = environ.get(CONFIG_FILE_ENV) or None
+    values: dict[str, object] = {}
+    if config_file is not None:
+        values.update(_from_file(Path(config_file)))
+    values.update(_from_env(environ))
+    values.update(_from_flags(flags))
+    return Config(**cast(dict[str, Any], values))
+
+
+def _parse_value(option: Option, raw: object, source: str) -> object:
+    try:
+        return option.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"invalid value for {option.name} ({source}): {exc}") from None
+
+
+def _from_flags(flags: Mapping[str, object | None]) -> dict[str, object]:
+    values = {}
+    for name, raw in flags.items():
+        if raw is None:
+            continue
+        option = OPTIONS_BY_NAME.get(name)
+        if option is None:
+            raise ConfigError(f"unknown config option {name!r}")
+        values[name] = _parse_value(option, raw, f"flag {option.flag}")
+    return values
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, object]:
+    # Unknown STRATAD_* variables are ignored, not rejected: clients share the
+    # prefix (e.g. an SDK's STRATAD_TENANT) and may run in the same environment.
+    values = {}
+    for option in OPTIONS:
+        raw = environ.get(option.env_var)
+        if raw is not None and raw != "":
+            values[option.name] = _parse_value(option, raw, f"environment {option.env_var}")
+    return values
+
+
+def _from_file(path: Path) -> dict[str, object]:
+    try:
+        with path.open("rb") as f:
+            document = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    values = {}
+    for key, raw in document.items():
+        option = OPTIONS_BY_NAME.get(key)
+        if option is None:
+            known = ", ".join(OPTIONS_BY_NAME)
+            raise ConfigError(f"unknown key {key!r} in config file {path} (known keys: {known})")
+        values[key] = _parse_value(option, raw, f"config file {path}")
+    return values
+
+
+__all__ = [
+    "CONFIG_FILE_ENV",
+    "OPTIONS",
+    "Config",
+    "ConfigError",
+    "Durability",
+    "LogFormat",
+    "LogLevel",
+    "Option",
+    "load_config",
+]
