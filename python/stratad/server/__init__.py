@@ -1,0 +1,1 @@
+"""The gRPC daemon: server lifetime (`app`), interceptors, the service registry."""

@@ -1,0 +1,195 @@
+"""Build, run and gracefully stop the stratad gRPC server.
+
+`start_server` is generic: it serves whatever `registry.SERVICES` lists, plus
+the standard health service and server reflection. `serve` is the daemon's
+lifetime: open resources, start, wait for SIGTERM/SIGINT, drain, release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from stratad import __version__
+from stratad.config import Config
+from stratad.errors import UnavailableError
+from stratad.server.interceptors import ErrorInterceptor
+from stratad.server.registry import SERVICES, Resources, ServiceRegistration, open_resources
+
+_log = logging.getLogger(__name__)
+
+HEALTH_SERVICE_NAME: str = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+REFLECTION_SERVICE_NAME: str = reflection.SERVICE_NAME
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ServerStartError(UnavailableError):
+    """The server could not start, e.g. its listen address is taken."""
+
+
+class StratadServer:
+    """A started server: where it listens and how to stop it."""
+
+    def __init__(
+        self,
+        server: Any,
+        health: health_aio.HealthServicer,
+        resources: Resources,
+        address: str,
+        service_names: Sequence[str],
+    ) -> None:
+        self._server = server
+        #: The health servicer, for code that must change a service's status.
+        self.health = health
+        self._resources = resources
+        #: The address clients dial: the listen address with the real port.
+        self.address = address
+        #: Every service listed by reflection, health and reflection included.
+        self.service_names = tuple(service_names)
+
+    async def stop(self, grace: float | None) -> None:
+        """Report NOT_SERVING, refuse new calls, let in-flight ones finish for ``grace`` s."""
+        # Health first, so that clients and probes stop sending work before the
+        # listener closes; watchers and long streams are told via `stopping`.
+        await self.health.enter_graceful_shutdown()
+        self._resources.stopping.set()
+        await self._server.stop(grace)
+
+    async def wait_for_termination(self) -> None:
+        await self._server.wait_for_termination()
+
+
+async def start_server(
+    resources: Resources, services: Iterable[ServiceRegistration] = SERVICES
+) -> StratadServer:
+    """Build the server, bind it, start it and report every service SERVING."""
+    config = resources.config
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=server_options(config),
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
+    )
+    app_names = [_add_service(server, registration, resources) for registration in services]
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    all_names = [*app_names, HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME]
+    reflection.enable_server_reflection(all_names, server)
+    address = _bind(server, config.listen)
+    # HealthServicer starts with "" SERVING: nothing is ready until start() returns.
+    await _set_status(health, ["", *app_names], _NOT_SERVING)
+    await server.start()
+    await _set_status(health, ["", *app_names], _SERVING)
+    return StratadServer(server, health, resources, address, all_names)
+
+
+def server_options(config: Config) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        # gRPC sets SO_REUSEPORT by default, which lets a second daemon bind
+        # the same port and silently share its traffic. One port, one daemon.
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def _add_service(server: Any, registration: ServiceRegistration, resources: Resources) -> str:
+    registration.add_fn(registration.servicer_factory(resources), server)
+    return registration.name
+
+
+def _bind(server: Any, listen: str) -> str:
+    if listen.startswith("unix:"):
+        _refuse_live_unix_socket(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise ServerStartError(f"cannot listen on {listen}: {exc}") from None
+    if listen.startswith("unix:"):
+        return listen
+    host = listen.rpartition(":")[0]
+    return f"{host}:{port}"
+
+
+def _refuse_live_unix_socket(listen: str) -> None:
+    # gRPC unlinks whatever sits at a unix socket path before binding, which
+    # would silently steal the socket of a daemon still running there.
+    path = listen.removeprefix("unix:")
+    if path.startswith("//"):  # unix:///abs/path
+        path = path[2:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:  # missing, stale or not a socket: gRPC may replace it
+            return
+    raise ServerStartError(f"cannot listen on {listen}: another process is serving on it")
+
+
+async def _set_status(health: health_aio.HealthServicer, names: Iterable[str], status: int) -> None:
+    for name in names:
+        await health.set(name, status)
+
+
+# --- the daemon's lifetime ------------------------------------------------------
+
+
+async def serve(config: Config) -> int:
+    """Run the daemon until SIGTERM or SIGINT, then shut down gracefully; exit code."""
+    stop_requested = _install_signal_handlers()
+    async with open_resources(config) as resources:
+        server = await start_server(resources)
+        _log.info(
+            "stratad %s serving on %s (data dir %s, durability %s)",
+            __version__,
+            server.address,
+            resources.data_dir.path,
+            config.durability,
+        )
+        try:
+            signum = await stop_requested
+            _log.info(
+                "%s received: draining in-flight calls for up to %gs",
+                signal.Signals(signum).name,
+                config.grace_period,
+            )
+        finally:
+            await server.stop(config.grace_period)
+    _log.info("stratad stopped")
+    return 0
+
+
+def _install_signal_handlers() -> asyncio.Future[int]:
+    """A future resolved with the number of the first SIGTERM/SIGINT received."""
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[int] = loop.create_future()
+
+    def on_signal(signum: int) -> None:
+        if received.done():
+            _log.warning("%s received again: already shutting down", signal.Signals(signum).name)
+        else:
+            received.set_result(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    return received
+
+
+__all__ = [
+    "HEALTH_SERVICE_NAME",
+    "REFLECTION_SERVICE_NAME",
+    "ServerStartError",
+    "StratadServer",
+    "serve",
+    "server_options",
+    "start_server",
+]
