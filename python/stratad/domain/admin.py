@@ -1,0 +1,181 @@
+"""Store administration: garbage collection, verification and statistics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from stratad.domain.models import Checkpoint
+from stratad.domain.sessions import LiveSession, SessionManager
+from stratad.errors import DataLossError
+from stratad.store import manifest
+from stratad.store.tenant import ROOT_EMPTY, ROOT_MANIFEST, TenantStore
+
+
+@dataclass
+class GcReport:
+    objects_removed: int = 0
+    bytes_freed: int = 0
+    objects_kept: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class CorruptObject:
+    tenant: str
+    digest: str
+    problem: str
+    sessions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class VerifyReport:
+    objects_checked: int = 0
+    corrupt: list[CorruptObject] = field(default_factory=list)
+    damaged_sessions: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.corrupt and not self.damaged_sessions
+
+
+@dataclass
+class StoreStats:
+    tenants: int = 0
+    sessions: int = 0
+    checkpoints: int = 0
+    objects: int = 0
+    logical_bytes: int = 0  # sum of the sizes of every checkpoint's state
+    unique_bytes: int = 0  # uncompressed bytes of the distinct chunks referenced
+    stored_bytes: int = 0  # object files + journals on disk
+
+    @property
+    def dedup_ratio(self) -> float:
+        return self.logical_bytes / self.unique_bytes if self.unique_bytes else 1.0
+
+    @property
+    def compression_ratio(self) -> float:
+        objects = self.stored_bytes
+        return self.unique_bytes / objects if objects else 1.0
+
+
+class Admin:
+    def __init__(self, sessions: SessionManager) -> None:
+        self.sessions = sessions
+        self.store = sessions.store
+
+    def _tenants(self, tenant: str) -> list[TenantStore]:
+        if tenant:
+            return [self.store.tenant(tenant)]
+        return [self.store.tenant(name) for name in self.store.existing_tenant_names()]
+
+    # -- garbage collection ------------------------------------------------------
+
+    def collect_garbage(self, tenant: str = "") -> GcReport:
+        """Mark every object a checkpoint reaches; sweep the rest.
+
+        Objects written or newly referenced after the collection started are
+        recorded in `gc_touched` by the writers and never swept.
+        """
+        report = GcReport()
+        started = time.monotonic()
+        for store in self._tenants(tenant):
+            self._collect_tenant(store, report)
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _collect_tenant(self, store: TenantStore, report: GcReport) -> None:
+        started = time.time()
+        with store.gc_lock:
+            store.gc_touched = set()
+        try:
+            marked: set[str] = set()
+            for _, cp in self._checkpoints(store):
+                if cp.root and cp.root not in marked:
+                    marked |= store.closure(cp.root, cp.root_kind)
+            for digest in store.objects.digests():
+                if digest in marked:
+                    report.objects_kept += 1
+                    continue
+                with store.gc_lock:
+                    spared = digest in store.gc_touched or store.objects.written_after(
+                        digest, started
+                    )
+                    if not spared:
+                        report.bytes_freed += store.objects.delete(digest)
+                        report.objects_removed += 1
+                        continue
+                report.objects_kept += 1
+        finally:
+            with store.gc_lock:
+                store.gc_touched = None
+
+    def _checkpoints(self, store: TenantStore) -> Iterator[tuple[LiveSession, Checkpoint]]:
+        for live in self.sessions.sessions_of(store.name):
+            with live.lock:
+                checkpoints = list(live.state.checkpoints.values())
+            for cp in checkpoints:
+                yield live, cp
+
+    # -- verification --------------------------------------------------------------
+
+    def verify(self, tenant: str = "") -> VerifyReport:
+        """Re-hash every object; name the corrupt ones and the sessions they affect."""
+        report = VerifyReport()
+        for store in self._tenants(tenant):
+            bad: dict[str, CorruptObject] = {}
+            for digest in store.objects.digests():
+                report.objects_checked += 1
+                problem = store.objects.verify(digest)
+                if problem is not None:
+                    bad[digest] = CorruptObject(store.name, digest, problem)
+            self._attribute(store, bad, report)
+            report.corrupt.extend(bad.values())
+            for live in self.sessions.sessions_of(store.name):
+                if live.damaged:
+                    report.damaged_sessions.append(f"{store.name}/{live.state.session_id}")
+        return report
+
+    def _attribute(
+        self, store: TenantStore, bad: dict[str, CorruptObject], report: VerifyReport
+    ) -> None:
+        """Find the sessions whose checkpoints reach a corrupt or missing object."""
+        for live, cp in self._checkpoints(store):
+            if cp.root_kind == ROOT_EMPTY:
+                continue
+            try:
+                reached = store.closure(cp.root, cp.root_kind)
+            except DataLossError as exc:
+                reached = {cp.root}
+                bad.setdefault(cp.root, CorruptObject(store.name, cp.root, str(exc)))
+            for digest in reached:
+                if digest not in bad and not store.objects.has(digest):
+                    bad[digest] = CorruptObject(store.name, digest, "missing")
+                if digest in bad and live.state.session_id not in bad[digest].sessions:
+                    bad[digest].sessions.append(live.state.session_id)
+
+    # -- statistics ------------------------------------------------------------------
+
+    def stats(self, tenant: str = "") -> StoreStats:
+        stats = StoreStats()
+        for store in self._tenants(tenant):
+            stats.tenants += 1
+            stats.objects += len(store.objects)
+            stats.stored_bytes += store.objects.stored_bytes
+            chunks: dict[str, int] = {}
+            for live in self.sessions.sessions_of(store.name):
+                stats.sessions += 1
+                stats.stored_bytes += live.journal.size
+            for _, cp in self._checkpoints(store):
+                stats.checkpoints += 1
+                stats.logical_bytes += cp.size
+                try:
+                    entries = store.entries_of(cp.root, cp.root_kind, cp.size)
+                except DataLossError:
+                    continue
+                chunks.update(manifest.iter_entries(entries))
+                if cp.root_kind == ROOT_MANIFEST:
+                    chunks.setdefault(cp.root, 0)
+            stats.unique_bytes += sum(chunks.values())
+        return stats

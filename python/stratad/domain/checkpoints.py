@@ -1,0 +1,530 @@
+"""Saving, loading, naming, restoring, forking and pruning checkpoints.
+
+A save stores the state as content-addressed objects (see store/tenant.py)
+and appends one `save` record naming the checkpoint's root object, carrying
+the new objects inline (their durability until the object files are synced)
+and listing the unnamed checkpoints retention drops at the same time.
+
+States arrive either whole (`data`) and are chunked here, or already chunked
+by the client (`ChunkUpload`): a chunk list relative to a base checkpoint plus
+the framed chunks the daemon lacks. Each uploaded frame is verified against its
+digest on arrival; the state digest is verified whenever the state is loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from stratad import native
+from stratad.domain.events import SessionEvent
+from stratad.domain.ids import new_id, validate_id
+from stratad.domain.models import Checkpoint, SessionStatus
+from stratad.domain.sessions import (
+    LiveSession,
+    Mutation,
+    SessionInfo,
+    SessionManager,
+    check_usable,
+    decode_token,
+    encode_token,
+    require_status,
+)
+from stratad.errors import (
+    AlreadyExistsError,
+    CorruptObjectError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
+from stratad.store import manifest
+from stratad.store.journal import Record
+from stratad.store.tenant import StaleBaseError, StoredState
+
+MAX_METADATA_BYTES = 1 << 20
+MAX_CONTENT_TYPE = 256
+MAX_NAME = 256
+
+
+@dataclass
+class ChunkUpload:
+    """A state the client chunked itself (see the module docstring)."""
+
+    size: int
+    digest: str
+    chunks: list[tuple[str, int]]  # appended after the kept base entries
+    frames: list[bytes] = field(default_factory=list)
+    base_checkpoint_id: str = ""
+    keep: int = 0
+
+
+@dataclass
+class SaveInput:
+    data: bytes | None = None
+    upload: ChunkUpload | None = None
+    content_type: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    expected_version: int = 0
+    checkpoint_id: str = ""
+    parent_checkpoint_id: str = ""  # "" = the latest checkpoint of the namespace
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    checkpoint: Checkpoint
+    version: int
+    stored_bytes: int
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    data: bytes
+    checkpoint: Checkpoint
+    version: int
+
+
+class Checkpoints:
+    def __init__(self, sessions: SessionManager, *, max_state_bytes: int = 64 << 20) -> None:
+        self.sessions = sessions
+        self.max_state_bytes = max_state_bytes
+
+    # -- save ------------------------------------------------------------------
+
+    def save_state(self, tenant: str, session_id: str, inp: SaveInput) -> SaveResult:
+        self._validate_save(inp)
+        live = self.sessions.live(tenant, session_id)
+        for _ in range(3):  # a base collected by a concurrent GC: prepare again
+            stored, size, digest = self._prepare(live, inp)
+            try:
+                return self.sessions.mutate_live(  # type: ignore[no-any-return]
+                    live,
+                    inp.expected_version,
+                    lambda live, v, at: self._save_mutation(live, v, at, inp, stored, size, digest),
+                )
+            except StaleBaseError:
+                continue
+        raise FailedPreconditionError("the state's base kept changing; retry the save")
+
+    def _validate_save(self, inp: SaveInput) -> None:
+        if (inp.data is None) == (inp.upload is None):
+            raise InvalidArgumentError("give either data or a chunk upload")
+        size = len(inp.data) if inp.data is not None else inp.upload.size  # type: ignore[union-attr]
+        if size > self.max_state_bytes:
+            raise ResourceExhaustedError(
+                f"state of {size} bytes exceeds the limit of {self.max_state_bytes} bytes "
+                "(max_message_bytes)"
+            )
+        if inp.checkpoint_id:
+            validate_id(inp.checkpoint_id, "checkpoint_id")
+        if inp.parent_checkpoint_id:
+            validate_id(inp.parent_checkpoint_id, "parent_checkpoint_id")
+        validate_namespace(inp.namespace)
+        if len(inp.content_type) > MAX_CONTENT_TYPE:
+            raise InvalidArgumentError(f"content_type is longer than {MAX_CONTENT_TYPE} characters")
+        validate_metadata(inp.metadata)
+
+    def _prepare(self, live: LiveSession, inp: SaveInput) -> tuple[StoredState, int, str]:
+        """Chunk/verify outside the session lock: this is the CPU-heavy part."""
+        with live.lock:
+            check_usable(live)
+            base_cp = self._parent(live, inp)
+        base = (base_cp.root, base_cp.root_kind) if base_cp else None
+        if inp.data is not None:
+            stored = live.tenant.prepare(inp.data, base)
+            return stored, len(inp.data), native.digest_hex(inp.data)
+        assert inp.upload is not None
+        return self._prepare_upload(live, inp.upload, base), inp.upload.size, inp.upload.digest
+
+    def _prepare_upload(
+        self, live: LiveSession, up: ChunkUpload, base: tuple[str, str] | None
+    ) -> StoredState:
+        if len(up.digest) != 64 or not _is_hex(up.digest):
+            raise InvalidArgumentError("digest must be 64 lowercase hex characters")
+        kept = b""
+        if up.keep:
+            if not up.base_checkpoint_id:
+                raise InvalidArgumentError("keep needs a base_checkpoint_id")
+            base_live = self.sessions.session_of_checkpoint(live.tenant.name, up.base_checkpoint_id)
+            if base_live.tenant is not live.tenant:
+                raise NotFoundError(f"checkpoint {up.base_checkpoint_id!r} not found")
+            with base_live.lock:
+                cp = base_live.state.checkpoints.get(up.base_checkpoint_id)
+            if cp is None:
+                raise NotFoundError(f"checkpoint {up.base_checkpoint_id!r} not found")
+            base_entries = live.tenant.entries_of(cp.root, cp.root_kind, cp.size)
+            if up.keep > manifest.entry_count(base_entries):
+                raise InvalidArgumentError("keep is larger than the base's chunk count")
+            kept = base_entries[: up.keep * manifest.ENTRY.size]
+        for digest, length in up.chunks:
+            if len(digest) != 64 or not _is_hex(digest) or length < 0:
+                raise InvalidArgumentError("a chunk reference is malformed")
+        entries = kept + manifest.entries_blob(up.chunks)
+        if manifest.total_length(entries) != up.size:
+            raise InvalidArgumentError("chunk lengths do not add up to the state's size")
+        frames = self._verify_frames(up)
+        listed = {d for d, _ in up.chunks}
+        missing = [d for d in live.tenant.missing(sorted(listed - frames.keys()))]
+        if missing:
+            raise FailedPreconditionError(
+                f"{len(missing)} chunks are missing on the daemon (first: {missing[0]}); "
+                "upload them (FindMissingChunks lists them)"
+            )
+        return live.tenant.prepare_entries(entries, frames, base)
+
+    def _verify_frames(self, up: ChunkUpload) -> dict[str, bytes]:
+        listed = {d for d, _ in up.chunks}
+        frames: dict[str, bytes] = {}
+        for frame in up.frames:
+            try:
+                digest = native.verify_frame(frame, self.max_state_bytes)
+            except CorruptObjectError as exc:
+                raise InvalidArgumentError(f"an uploaded chunk is corrupt: {exc}") from exc
+            if digest not in listed:
+                raise InvalidArgumentError(f"uploaded chunk {digest} is not in the chunk list")
+            frames[digest] = frame
+        return frames
+
+    def _parent(self, live: LiveSession, inp: SaveInput) -> Checkpoint | None:
+        if inp.parent_checkpoint_id:
+            cp = live.state.checkpoints.get(inp.parent_checkpoint_id)
+            if cp is None:
+                raise NotFoundError(f"parent checkpoint {inp.parent_checkpoint_id!r} not found")
+            return cp
+        return latest(live, inp.namespace)
+
+    def _save_mutation(
+        self,
+        live: LiveSession,
+        version: int,
+        at: float,
+        inp: SaveInput,
+        stored: StoredState,
+        size: int,
+        digest: str,
+    ) -> Mutation:
+        require_status(live, SessionStatus.ACTIVE, SessionStatus.PAUSED)
+        checkpoint_id = self._new_checkpoint_id(live, inp.checkpoint_id)
+        parent = self._parent(live, inp)
+        inline = live.tenant.commit_objects(stored, live.owner)
+        checkpoint = Checkpoint(
+            checkpoint_id=checkpoint_id,
+            session_id=live.state.session_id,
+            version=version,
+            parent_id=parent.checkpoint_id if parent else "",
+            namespace=inp.namespace,
+            name="",
+            content_type=inp.content_type,
+            metadata=inp.metadata,
+            created_at=at,
+            size=size,
+            digest=digest,
+            root=stored.root,
+            root_kind=stored.root_kind,
+            stored_bytes=sum(len(frame) for _, frame in inline),
+            structured=copy.deepcopy(live.state.structured),
+        )
+        dropped = retention_drops(live, at, keep=checkpoint_id)
+        return save_mutation(checkpoint, version, at, inline, dropped)
+
+    def _new_checkpoint_id(self, live: LiveSession, requested: str) -> str:
+        if not requested:
+            return new_id("ckpt")
+        if self.sessions.checkpoint_exists(live.tenant.name, requested):
+            raise AlreadyExistsError(f"checkpoint {requested!r} already exists")
+        return requested
+
+    # -- load ------------------------------------------------------------------
+
+    def load_state(
+        self, tenant: str, session_id: str, checkpoint_id: str = "", namespace: str = ""
+    ) -> LoadResult:
+        live = self.sessions.live(tenant, session_id)
+        with live.lock:
+            check_usable(live)
+            if checkpoint_id:
+                validate_id(checkpoint_id, "checkpoint_id")
+                cp = live.state.checkpoints.get(checkpoint_id)
+                if cp is None:
+                    raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+            else:
+                validate_namespace(namespace)
+                cp = latest(live, namespace)
+                if cp is None:
+                    raise NotFoundError(f"session {session_id!r} has no saved state")
+            version = live.state.version
+        return LoadResult(self._read(live, cp), cp, version)
+
+    def _read(self, live: LiveSession, cp: Checkpoint) -> bytes:
+        return live.tenant.read(cp.root, cp.root_kind, cp.size, cp.digest)
+
+    # -- pause / resume ----------------------------------------------------------
+
+    def set_status(
+        self,
+        tenant: str,
+        session_id: str,
+        status: SessionStatus,
+        *,
+        expected_version: int = 0,
+        allowed_from: tuple[SessionStatus, ...] = (),
+    ) -> SessionInfo:
+        def build(live: LiveSession, version: int, at: float) -> Mutation:
+            if allowed_from and live.state.status not in allowed_from:
+                raise FailedPreconditionError(
+                    f"session {session_id!r} is {live.state.status.value}, "
+                    f"not {' or '.join(s.value for s in allowed_from)}"
+                )
+            body = {"v": version, "at": at, "status": status.value}
+            record = Record("status", body)
+            return Mutation(record, SessionEvent(version, "status", at, status=status.value))
+
+        self.sessions.mutate(tenant, session_id, expected_version, build)
+        return self.sessions.info(tenant, session_id)
+
+    # -- named checkpoints, restore, delete, fork ----------------------------------
+
+    def create_checkpoint(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        name: str = "",
+        metadata: dict[str, Any] | None = None,
+        checkpoint_id: str = "",
+        expected_version: int = 0,
+    ) -> Checkpoint:
+        """Pin the session's current state under a name (no data is copied)."""
+        if len(name) > MAX_NAME:
+            raise InvalidArgumentError(f"name is longer than {MAX_NAME} characters")
+        if checkpoint_id:
+            validate_id(checkpoint_id, "checkpoint_id")
+        validate_metadata(metadata or {})
+
+        def build(live: LiveSession, version: int, at: float) -> Mutation:
+            head = live.state.head_checkpoint
+            if head is None:
+                raise FailedPreconditionError(f"session {session_id!r} has no saved state yet")
+            cp = dataclasses.replace(
+                head,
+                checkpoint_id=self._new_checkpoint_id(live, checkpoint_id),
+                version=version,
+                parent_id=head.checkpoint_id,
+                name=name or f"checkpoint-{version}",
+                metadata={**head.metadata, **(metadata or {})},
+                created_at=at,
+                stored_bytes=0,
+                structured=copy.deepcopy(live.state.structured),
+            )
+            touch_for_gc(live, cp)
+            return save_mutation(cp, version, at, [], [])
+
+        return self.sessions.mutate(tenant, session_id, expected_version, build)  # type: ignore[no-any-return]
+
+    def restore_checkpoint(
+        self, tenant: str, checkpoint_id: str, *, make_current: bool = False,
+        expected_version: int = 0,
+    ) -> LoadResult:  # fmt: skip
+        live = self.sessions.session_of_checkpoint(tenant, checkpoint_id)
+        with live.lock:
+            cp = live.state.checkpoints.get(checkpoint_id)
+        if cp is None:
+            raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+        data = self._read(live, cp)  # verify before moving the head to it
+        if make_current:
+
+            def build(live: LiveSession, version: int, at: float) -> Mutation:
+                if checkpoint_id not in live.state.checkpoints:
+                    raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+                body = {"v": version, "at": at, "checkpoint_id": checkpoint_id}
+                event = SessionEvent(version, "head", at, checkpoint_id=checkpoint_id)
+                return Mutation(Record("head", body), event)
+
+            self.sessions.mutate_live(live, expected_version, build)
+        return LoadResult(data, cp, live.state.version)
+
+    def delete_checkpoint(self, tenant: str, checkpoint_id: str, expected_version: int = 0) -> None:
+        live = self.sessions.session_of_checkpoint(tenant, checkpoint_id)
+
+        def build(live: LiveSession, version: int, at: float) -> Mutation:
+            if checkpoint_id not in live.state.checkpoints:
+                raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+            body: dict[str, Any] = {"v": version, "at": at, "checkpoint_id": checkpoint_id}
+            if live.state.head == checkpoint_id:
+                rest = [c for c in live.state.checkpoints if c != checkpoint_id]
+                body["new_head"] = rest[-1] if rest else ""
+            event = SessionEvent(version, "delete_checkpoint", at, checkpoint_id=checkpoint_id)
+            return Mutation(Record("delete_checkpoint", body), event)
+
+        self.sessions.mutate_live(live, expected_version, build)
+
+    def fork_session(
+        self, tenant: str, checkpoint_id: str, *, new_session_id: str = "",
+        labels: dict[str, str] | None = None,
+    ) -> SessionInfo:  # fmt: skip
+        """A new session whose first checkpoint shares the source's objects."""
+        source = self.sessions.session_of_checkpoint(tenant, checkpoint_id)
+        with source.lock:
+            src = source.state.checkpoints.get(checkpoint_id)
+            if src is None:
+                raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+            keep_last, max_age = source.state.keep_last, source.state.max_age_seconds
+
+        def initial(live: LiveSession, version: int, at: float) -> Mutation:
+            cp = dataclasses.replace(
+                src,
+                checkpoint_id=new_id("ckpt"),
+                session_id=live.state.session_id,
+                version=version,
+                parent_id="",
+                created_at=at,
+                stored_bytes=0,
+                metadata={**src.metadata},
+            )
+            touch_for_gc(live, cp)
+            return save_mutation(cp, version, at, [], [], forked_from=checkpoint_id)
+
+        return self.sessions.create(
+            tenant, new_session_id, labels=labels, keep_last=keep_last,
+            max_age_seconds=max_age, initial=initial,
+        )  # fmt: skip
+
+    # -- listing ---------------------------------------------------------------------
+
+    def list_checkpoints(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        namespace: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        before: str = "",
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> tuple[list[Checkpoint], str]:
+        """Newest first; filters by namespace, metadata subset and `before` a checkpoint."""
+        if page_size < 0:
+            raise InvalidArgumentError("page_size must not be negative")
+        page_size = min(page_size or 100, 1000)
+        live = self.sessions.live(tenant, session_id)
+        with live.lock:
+            check_usable(live)
+            newest_first = list(reversed(live.state.checkpoints.values()))
+        if before:
+            ids = [c.checkpoint_id for c in newest_first]
+            if before not in ids:
+                raise NotFoundError(f"checkpoint {before!r} not found")
+            newest_first = newest_first[ids.index(before) + 1 :]
+        matching = [
+            c
+            for c in newest_first
+            if (namespace is None or c.namespace == namespace)
+            and all(c.metadata.get(k) == v for k, v in (metadata or {}).items())
+        ]
+        start = 0
+        if page_token:
+            after = decode_token(page_token)
+            ids = [c.checkpoint_id for c in matching]
+            if after not in ids:
+                raise InvalidArgumentError("page_token refers to a checkpoint no longer listed")
+            start = ids.index(after) + 1
+        page = matching[start : start + page_size]
+        more = start + page_size < len(matching)
+        return page, encode_token(page[-1].checkpoint_id) if more and page else ""
+
+    def find_missing(self, tenant: str, digests: list[str]) -> list[str]:
+        for d in digests:
+            if len(d) != 64 or not _is_hex(d):
+                raise InvalidArgumentError(f"{d[:80]!r} is not a hex BLAKE3 digest")
+        return self.sessions.store.tenant(tenant).missing(digests)
+
+
+def latest(live: LiveSession, namespace: str) -> Checkpoint | None:
+    """The head if it is in `namespace`, else the newest checkpoint there."""
+    head = live.state.head_checkpoint
+    if head is not None and head.namespace == namespace:
+        return head
+    for cp in reversed(live.state.checkpoints.values()):
+        if cp.namespace == namespace:
+            return cp
+    return None
+
+
+def retention_drops(live: LiveSession, now: float, *, keep: str) -> list[str]:
+    """Unnamed checkpoints beyond keep_last or older than max_age (never the head)."""
+    state = live.state
+    protected = {keep, state.head}
+    unnamed = [c for c in state.checkpoints.values() if not c.pinned]
+    dropped = []
+    if state.keep_last:
+        excess = len(unnamed) + 1 - state.keep_last  # +1: the checkpoint being saved
+        dropped += [c.checkpoint_id for c in unnamed if c.checkpoint_id not in protected][
+            : max(excess, 0)
+        ]
+    if state.max_age_seconds:
+        cutoff = now - state.max_age_seconds
+        dropped += [
+            c.checkpoint_id
+            for c in unnamed
+            if c.created_at < cutoff and c.checkpoint_id not in protected
+        ]
+    return list(dict.fromkeys(dropped))
+
+
+def save_mutation(
+    cp: Checkpoint,
+    version: int,
+    at: float,
+    inline: list[tuple[str, bytes]],
+    dropped: list[str],
+    **detail: str,
+) -> Mutation:
+    body: dict[str, Any] = {
+        "v": version,
+        "at": at,
+        "checkpoint": cp.to_json(),
+        "objects": [d for d, _ in inline],
+        "dropped": dropped,
+    }
+    if detail:
+        body["detail"] = detail
+    event = SessionEvent(version, "save", at, checkpoint_id=cp.checkpoint_id, detail=detail)
+    return Mutation(Record("save", body, [f for _, f in inline]), event, SaveResult(
+        cp, version, cp.stored_bytes
+    ))  # fmt: skip
+
+
+def touch_for_gc(live: LiveSession, cp: Checkpoint) -> None:
+    """A new checkpoint sharing existing objects: protect them from a running GC."""
+    tenant = live.tenant
+    with tenant.gc_lock:
+        if tenant.gc_touched is None:
+            return
+        closure = tenant.closure(cp.root, cp.root_kind)
+        gone = [d for d in closure if not tenant.objects.has(d)]
+        if gone:
+            raise FailedPreconditionError(f"object {gone[0]} of the source was collected")
+        tenant.gc_touched.update(closure)
+
+
+def validate_namespace(namespace: str) -> None:
+    if len(namespace) > MAX_NAME or any(ord(ch) < 32 for ch in namespace):
+        raise InvalidArgumentError("namespace must be at most 256 printable characters")
+
+
+def validate_metadata(metadata: dict[str, Any]) -> None:
+    try:
+        encoded = json.dumps(metadata, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"metadata is not JSON-compatible: {exc}") from exc
+    if len(encoded) > MAX_METADATA_BYTES:
+        raise InvalidArgumentError(f"metadata is larger than {MAX_METADATA_BYTES} bytes")
+
+
+def _is_hex(s: str) -> bool:
+    return all(c in "0123456789abcdef" for c in s)
+

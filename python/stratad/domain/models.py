@@ -1,0 +1,151 @@
+"""Session and checkpoint state, and how journal records change it.
+
+Every mutation of a session is one journal record. The same `apply` function
+updates the in-memory state when the mutation happens and when the journal is
+replayed at start-up, so a restarted daemon rebuilds exactly the state it
+acknowledged. Later features register their own record kinds with
+`reducer(kind)`.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stratad.errors import DataLossError
+
+
+class SessionStatus(enum.StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass
+class Checkpoint:
+    checkpoint_id: str
+    session_id: str
+    version: int
+    parent_id: str
+    namespace: str
+    name: str  # "" for unnamed checkpoints; named ones are pinned
+    content_type: str
+    metadata: dict[str, Any]
+    created_at: float
+    size: int
+    digest: str
+    root: str
+    root_kind: str
+    stored_bytes: int = 0
+    structured: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.name)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Checkpoint:
+        return cls(**raw)
+
+
+@dataclass
+class SessionState:
+    session_id: str
+    status: SessionStatus
+    version: int
+    labels: dict[str, str]
+    created_at: float
+    updated_at: float
+    keep_last: int = 0  # 0 = keep every unnamed checkpoint
+    max_age_seconds: float = 0.0  # 0 = no age limit
+    head: str = ""
+    forked_from: str = ""
+    #: checkpoint_id -> Checkpoint, in creation order.
+    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    #: Structured state of later features (cognitive, tasks, agent), by facet.
+    structured: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head_checkpoint(self) -> Checkpoint | None:
+        return self.checkpoints.get(self.head)
+
+    def to_json(self) -> dict[str, Any]:
+        raw = asdict(self)
+        raw["status"] = self.status.value
+        raw["checkpoints"] = [c.to_json() for c in self.checkpoints.values()]
+        return raw
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SessionState:
+        raw = dict(raw)
+        checkpoints = [Checkpoint.from_json(c) for c in raw.pop("checkpoints")]
+        state = cls(**raw)
+        state.status = SessionStatus(raw["status"])
+        state.checkpoints = {c.checkpoint_id: c for c in checkpoints}
+        return state
+
+
+Reducer = Callable[[SessionState, dict[str, Any]], None]
+_REDUCERS: dict[str, Reducer] = {}
+
+
+def reducer(kind: str) -> Callable[[Reducer], Reducer]:
+    """Register how records of `kind` change a session."""
+
+    def register(fn: Reducer) -> Reducer:
+        _REDUCERS[kind] = fn
+        return fn
+
+    return register
+
+
+def apply(state: SessionState, kind: str, body: dict[str, Any]) -> None:
+    """Apply one record (other than `create`/`snapshot`) to a session."""
+    fn = _REDUCERS.get(kind)
+    if fn is None:
+        raise DataLossError(f"journal record of unknown kind {kind!r}")
+    fn(state, body)
+    state.version = body["v"]
+    state.updated_at = body["at"]
+
+
+@reducer("save")
+def _apply_save(state: SessionState, body: dict[str, Any]) -> None:
+    checkpoint = Checkpoint.from_json(body["checkpoint"])
+    state.checkpoints[checkpoint.checkpoint_id] = checkpoint
+    if body.get("make_head", True):
+        state.head = checkpoint.checkpoint_id
+    forked_from = body.get("detail", {}).get("forked_from")
+    if forked_from:
+        state.forked_from = forked_from
+        state.structured = copy.deepcopy(checkpoint.structured)
+    for dropped in body.get("dropped", ()):
+        state.checkpoints.pop(dropped, None)
+
+
+@reducer("status")
+def _apply_status(state: SessionState, body: dict[str, Any]) -> None:
+    state.status = SessionStatus(body["status"])
+
+
+@reducer("head")
+def _apply_head(state: SessionState, body: dict[str, Any]) -> None:
+    """RestoreCheckpoint(make_current): the checkpoint's state becomes current again."""
+    state.head = body["checkpoint_id"]
+    checkpoint = state.checkpoints.get(state.head)
+    if checkpoint is not None:
+        state.structured = copy.deepcopy(checkpoint.structured)
+
+
+@reducer("delete_checkpoint")
+def _apply_delete_checkpoint(state: SessionState, body: dict[str, Any]) -> None:
+    state.checkpoints.pop(body["checkpoint_id"], None)
+    if state.head == body["checkpoint_id"]:
+        state.head = body.get("new_head", "")

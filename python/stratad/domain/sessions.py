@@ -1,0 +1,441 @@
+"""Live sessions: recovery from journals, mutations, listing, deletion, events.
+
+Each session is a directory `<tenant>/sessions/<id>/` holding one journal.
+The in-memory `SessionState` is the journal replayed. A mutation runs under
+the session's lock: build the record, append it, apply it; the fsync that
+makes it durable happens after the lock is released (group commit), and the
+caller is acknowledged only after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratad.domain.events import EventHub, SessionEvent
+from stratad.domain.ids import new_id, validate_id
+from stratad.domain.models import SessionState, SessionStatus, apply
+from stratad.errors import (
+    AlreadyExistsError,
+    DataLossError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    VersionConflictError,
+)
+from stratad.store import journal as journal_mod
+from stratad.store.journal import Journal, Record
+from stratad.store.store import Store
+from stratad.store.tenant import TenantStore
+
+log = logging.getLogger(__name__)
+
+JOURNAL = "journal"
+_TRASH_PREFIX = ".trash-"
+#: Events kept in memory per session for WatchSession resumption.
+EVENT_HISTORY = 4096
+
+
+@dataclass
+class LiveSession:
+    tenant: TenantStore
+    path: Path
+    journal: Journal
+    state: SessionState
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    history: collections.deque[SessionEvent] = field(
+        default_factory=lambda: collections.deque(maxlen=EVENT_HISTORY)
+    )
+    damaged: str = ""
+    deleted: bool = False
+    snapshot_bytes: int = 0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant.name, self.state.session_id)
+
+    @property
+    def owner(self) -> str:
+        """Identifies this session's journal to the object store."""
+        return self.state.session_id
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A consistent copy of a session's summary, safe to use outside its lock."""
+
+    session_id: str
+    status: SessionStatus
+    version: int
+    labels: dict[str, str]
+    created_at: float
+    updated_at: float
+    checkpoint_count: int
+    head: str
+    keep_last: int
+    max_age_seconds: float
+    forked_from: str
+
+    @classmethod
+    def of(cls, s: SessionState) -> SessionInfo:
+        return cls(
+            s.session_id,
+            s.status,
+            s.version,
+            dict(s.labels),
+            s.created_at,
+            s.updated_at,
+            len(s.checkpoints),
+            s.head,
+            s.keep_last,
+            s.max_age_seconds,
+            s.forked_from,
+        )
+
+
+@dataclass
+class Mutation:
+    """What a mutation's builder returns: the record and the event to publish."""
+
+    record: Record
+    event: SessionEvent
+    result: Any = None
+
+
+Builder = Callable[[LiveSession, int, float], Mutation]
+
+
+class SessionManager:
+    def __init__(
+        self,
+        store: Store,
+        hub: EventHub | None = None,
+        *,
+        compact_min_bytes: int = 4 << 20,
+    ) -> None:
+        self.store = store
+        self.hub = hub or EventHub()
+        self.compact_min_bytes = compact_min_bytes
+        self._lock = threading.Lock()
+        self._sessions: dict[tuple[str, str], LiveSession] = {}
+        #: tenant -> checkpoint_id -> session_id (checkpoint IDs are tenant-unique).
+        self._checkpoints: dict[str, dict[str, str]] = collections.defaultdict(dict)
+
+    # -- recovery --------------------------------------------------------------
+
+    def recover(self) -> dict[str, int]:
+        """Open every session of every tenant; cut torn tails; restore objects."""
+        report = collections.Counter[str]()
+        for name in self.store.existing_tenant_names():
+            tenant = self.store.tenant(name)
+            for entry in sorted(tenant.sessions_root.iterdir()):
+                if entry.name.startswith(_TRASH_PREFIX):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    continue
+                if entry.is_dir():
+                    self._recover_session(tenant, entry, report)
+            if self.store.durability != "none":
+                tenant.objects.sync_pending()
+        return dict(report)
+
+    def _recover_session(
+        self, tenant: TenantStore, path: Path, report: collections.Counter[str]
+    ) -> None:
+        jpath = path / JOURNAL
+        with contextlib.suppress(FileNotFoundError):
+            (path / (JOURNAL + ".tmp")).unlink()  # an interrupted compaction
+        if not jpath.exists():
+            shutil.rmtree(path, ignore_errors=True)  # creation never acknowledged
+            return
+        replay = journal_mod.read_records(jpath)
+        if replay.torn_bytes:
+            journal_mod.truncate(jpath, replay.valid_bytes)
+            report["torn_tails_cut"] += 1
+            log.warning("cut a torn journal tail of %d bytes in %s", replay.torn_bytes, jpath)
+        if not replay.records:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        state, history, restored = self._replay(tenant, path.name, replay.records)
+        report["objects_restored"] += restored
+        live = LiveSession(tenant, path, self.store.open_journal(jpath), state)
+        live.history.extend(history)
+        if replay.corrupt_at is not None:
+            live.damaged = (
+                f"journal of session {state.session_id} is damaged at byte {replay.corrupt_at}; "
+                "run Verify and restore from a checkpoint export"
+            )
+            report["damaged_sessions"] += 1
+            log.error(live.damaged)
+        self._register(live)
+        report["sessions"] += 1
+
+    def _replay(
+        self, tenant: TenantStore, owner: str, records: list[Record]
+    ) -> tuple[SessionState, list[SessionEvent], int]:
+        state: SessionState | None = None
+        history: list[SessionEvent] = []
+        restored = 0
+        for record in records:
+            if record.kind in ("create", "snapshot"):
+                state = SessionState.from_json(record.body["state"])
+            elif state is None:
+                raise DataLossError(f"journal of {owner} does not start with its creation")
+            else:
+                apply(state, record.kind, record.body)
+            for digest, frame in zip(record.body.get("objects", ()), record.blobs, strict=True):
+                restored += tenant.objects.restore(digest, frame, owner)
+            if record.kind != "snapshot":
+                history.append(event_of(record))
+        assert state is not None
+        return state, history, restored
+
+    def _register(self, live: LiveSession) -> None:
+        with self._lock:
+            self._sessions[live.key] = live
+            index = self._checkpoints[live.tenant.name]
+            for checkpoint_id in live.state.checkpoints:
+                index[checkpoint_id] = live.state.session_id
+
+    # -- lookup ------------------------------------------------------------------
+
+    def live(self, tenant: str, session_id: str) -> LiveSession:
+        validate_id(session_id, "session_id")
+        with self._lock:
+            live = self._sessions.get((tenant, session_id))
+        if live is None or live.deleted:
+            raise NotFoundError(f"session {session_id!r} not found")
+        return live
+
+    def session_of_checkpoint(self, tenant: str, checkpoint_id: str) -> LiveSession:
+        validate_id(checkpoint_id, "checkpoint_id")
+        with self._lock:
+            session_id = self._checkpoints[tenant].get(checkpoint_id)
+        if session_id is None:
+            raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+        return self.live(tenant, session_id)
+
+    def checkpoint_exists(self, tenant: str, checkpoint_id: str) -> bool:
+        with self._lock:
+            return checkpoint_id in self._checkpoints[tenant]
+
+    def sessions_of(self, tenant: str) -> list[LiveSession]:
+        with self._lock:
+            return [s for (t, _), s in self._sessions.items() if t == tenant and not s.deleted]
+
+    def all_sessions(self) -> list[LiveSession]:
+        with self._lock:
+            return [s for s in self._sessions.values() if not s.deleted]
+
+    def info(self, tenant: str, session_id: str) -> SessionInfo:
+        live = self.live(tenant, session_id)
+        with live.lock:
+            check_usable(live)
+            return SessionInfo.of(live.state)
+
+    def list(
+        self, tenant: str, *, prefix: str = "", page_size: int = 100, page_token: str = ""
+    ) -> tuple[list[SessionInfo], str]:
+        """Sessions ordered by ID; the token is the last ID of the previous page."""
+        if page_size < 0:
+            raise InvalidArgumentError("page_size must not be negative")
+        page_size = min(page_size or 100, 1000)
+        after = decode_token(page_token)
+        ids = sorted(
+            s.state.session_id
+            for s in self.sessions_of(tenant)
+            if s.state.session_id.startswith(prefix) and s.state.session_id > after
+        )
+        page = []
+        for session_id in ids[:page_size]:
+            with contextlib.suppress(NotFoundError, DataLossError):
+                page.append(self.info(tenant, session_id))
+        more = len(ids) > page_size
+        return page, encode_token(ids[page_size - 1]) if more else ""
+
+    # -- create / delete ---------------------------------------------------------
+
+    def create(
+        self,
+        tenant: str,
+        session_id: str = "",
+        *,
+        labels: dict[str, str] | None = None,
+        keep_last: int = 0,
+        max_age_seconds: float = 0.0,
+        initial: Builder | None = None,
+    ) -> SessionInfo:
+        """Create a session; `initial` may add its first record (ForkSession)."""
+        if keep_last < 0 or max_age_seconds < 0:
+            raise InvalidArgumentError("keep_last and max_age must not be negative")
+        session_id = validate_id(session_id, "session_id") if session_id else new_id("sess")
+        store = self.store.tenant(tenant)
+        now = time.time()
+        state = SessionState(
+            session_id, SessionStatus.ACTIVE, 1, dict(labels or {}), now, now,
+            keep_last=keep_last, max_age_seconds=max_age_seconds,
+        )  # fmt: skip
+        path = store.sessions_root / session_id
+        with self._lock:
+            if (tenant, session_id) in self._sessions:
+                raise AlreadyExistsError(f"session {session_id!r} already exists")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                raise AlreadyExistsError(f"session {session_id!r} already exists") from None
+            journal = self.store.open_journal(path / JOURNAL)
+            live = LiveSession(store, path, journal, state)
+            self._sessions[live.key] = live  # reserve the ID while we write
+        try:
+            with live.lock:
+                create = Record("create", {"v": 1, "at": now, "state": state.to_json()})
+                offset = journal.append(create)
+                journal_mod.fsync_dir(path.parent)
+                live.history.append(event_of(create))
+        except Exception:
+            with self._lock:
+                self._sessions.pop(live.key, None)
+            journal.close()
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        journal.sync(offset)
+        if initial is not None:
+            self.mutate_live(live, 0, initial)
+        return self.info(tenant, session_id)
+
+    def delete(self, tenant: str, session_id: str, expected_version: int = 0) -> None:
+        """Delete a session; its objects become garbage for CollectGarbage."""
+        live = self.live(tenant, session_id)
+        with live.lock:
+            check_usable(live, allow_damaged=True)
+            check_version(live, expected_version)
+            if self.store.durability != "none":
+                # Objects carried only by this journal must outlive it.
+                live.tenant.objects.sync_pending()
+            trash = live.path.with_name(f"{_TRASH_PREFIX}{session_id}-{time.time_ns()}")
+            live.journal.close()
+            live.path.rename(trash)
+            journal_mod.fsync_dir(live.path.parent)
+            live.deleted = True
+            with self._lock:
+                self._sessions.pop(live.key, None)
+                index = self._checkpoints[tenant]
+                for checkpoint_id in live.state.checkpoints:
+                    index.pop(checkpoint_id, None)
+        shutil.rmtree(trash, ignore_errors=True)
+        self.hub.publish(live.key, None)
+
+    # -- mutation ----------------------------------------------------------------
+
+    def mutate(self, tenant: str, session_id: str, expected_version: int, build: Builder) -> Any:
+        """Run one mutation: build its record under the lock, journal it, apply it."""
+        live = self.live(tenant, session_id)
+        return self.mutate_live(live, expected_version, build)
+
+    def mutate_live(self, live: LiveSession, expected_version: int, build: Builder) -> Any:
+        with live.lock:
+            check_usable(live)
+            check_version(live, expected_version)
+            mutation = build(live, live.state.version + 1, time.time())
+            journal = live.journal
+            offset = journal.append(mutation.record)
+            before = set(live.state.checkpoints)
+            apply(live.state, mutation.record.kind, mutation.record.body)
+            self._reindex(live, before)
+            live.history.append(mutation.event)
+            if journal.size > max(self.compact_min_bytes, 4 * live.snapshot_bytes):
+                self._compact(live)
+        journal.sync(offset)
+        self.hub.publish(live.key, mutation.event)
+        return mutation.result
+
+    def _reindex(self, live: LiveSession, before: set[str]) -> None:
+        after = set(live.state.checkpoints)
+        if before == after:
+            return
+        with self._lock:
+            index = self._checkpoints[live.tenant.name]
+            for gone in before - after:
+                index.pop(gone, None)
+            for new in after - before:
+                index[new] = live.state.session_id
+
+    def _compact(self, live: LiveSession) -> None:
+        """Replace the journal by one snapshot record (objects fsynced first)."""
+        if self.store.durability != "none":
+            live.tenant.objects.sync_pending()
+        old = live.journal
+        old.sync_now()
+        snapshot = Record(
+            "snapshot", {"v": live.state.version, "at": time.time(), "state": live.state.to_json()}
+        )
+        jpath = live.path / JOURNAL
+        journal_mod.rewrite(jpath, [snapshot])
+        live.journal = self.store.open_journal(jpath)
+        live.snapshot_bytes = live.journal.size
+        old.close()
+        log.debug("compacted %s/%s to %d bytes", *live.key, live.snapshot_bytes)
+
+    def compact(self, tenant: str, session_id: str) -> None:
+        live = self.live(tenant, session_id)
+        with live.lock:
+            check_usable(live)
+            self._compact(live)
+
+
+def check_usable(live: LiveSession, *, allow_damaged: bool = False) -> None:
+    if live.deleted:
+        raise NotFoundError(f"session {live.state.session_id!r} not found")
+    if live.damaged and not allow_damaged:
+        raise DataLossError(live.damaged)
+
+
+def check_version(live: LiveSession, expected_version: int) -> None:
+    if expected_version < 0:
+        raise InvalidArgumentError("expected_version must not be negative")
+    if expected_version and expected_version != live.state.version:
+        raise VersionConflictError(
+            f"session {live.state.session_id!r} is at version {live.state.version}, "
+            f"not {expected_version}"
+        )
+
+
+def require_status(live: LiveSession, *allowed: SessionStatus) -> None:
+    if live.state.status not in allowed:
+        raise FailedPreconditionError(
+            f"session {live.state.session_id!r} is {live.state.status.value}"
+        )
+
+
+def event_of(record: Record) -> SessionEvent:
+    body = record.body
+    checkpoint = body.get("checkpoint") or {}
+    return SessionEvent(
+        version=body["v"],
+        kind=record.kind,
+        at=body["at"],
+        checkpoint_id=checkpoint.get("checkpoint_id", body.get("checkpoint_id", "")),
+        status=body.get("status", ""),
+        detail=body.get("detail", {}),
+    )
+
+
+def encode_token(last: str) -> str:
+    return base64.urlsafe_b64encode(last.encode()).decode()
+
+
+def decode_token(token: str) -> str:
+    if not token:
+        return ""
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgumentError("page_token is not a token this server issued") from None

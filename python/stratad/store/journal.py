@@ -1,0 +1,258 @@
+"""Per-session append-only journal: the commit point of every mutation.
+
+A mutation is acknowledged only after its record is in the journal (and, in
+`fsync` durability mode, after an fsync that covers it). Records are
+length-prefixed and checksummed so that a torn tail left by a crash is
+detected and cut when the journal is reopened, while damage in the middle of
+the file (bit rot, a bad disk) is reported rather than silently dropped.
+
+Record layout on disk::
+
+    u32 LE  payload length
+    u32 LE  CRC-32 of the payload
+    payload:
+        u32 LE  body length
+        body    UTF-8 JSON object (the record's fields; "k" is its kind)
+        blobs   repeated: u32 LE length, bytes  (e.g. framed objects carried inline)
+
+Group commit: writers append under the session lock (cheap) and then call
+`sync(offset)` outside it. One fsync covers every record appended before it
+started, so concurrent writers share fsyncs instead of queueing one each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratad.errors import DataLossError, ResourceExhaustedError, StratadError
+
+_HEADER = struct.Struct("<II")
+_U32 = struct.Struct("<I")
+#: A record larger than this is corruption, not data (the daemon's own
+#: message-size limit is far below it).
+MAX_RECORD_BYTES = 1 << 30
+
+
+@dataclass
+class Record:
+    """One journal record: a kind, a JSON body and optional binary blobs."""
+
+    kind: str
+    body: dict[str, Any] = field(default_factory=dict)
+    blobs: list[bytes] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        body = json.dumps({"k": self.kind, **self.body}, separators=(",", ":")).encode()
+        parts = [_U32.pack(len(body)), body]
+        for blob in self.blobs:
+            parts.append(_U32.pack(len(blob)))
+            parts.append(blob)
+        payload = b"".join(parts)
+        return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+    @classmethod
+    def decode_payload(cls, payload: bytes) -> Record:
+        (body_len,) = _U32.unpack_from(payload, 0)
+        pos = 4 + body_len
+        body = json.loads(payload[4:pos])
+        blobs = []
+        while pos < len(payload):
+            (n,) = _U32.unpack_from(payload, pos)
+            pos += 4
+            blobs.append(payload[pos : pos + n])
+            pos += n
+        if pos != len(payload):
+            raise ValueError("blob lengths overrun the payload")
+        kind = body.pop("k")
+        return cls(kind=kind, body=body, blobs=blobs)
+
+
+class JournalCorruptError(DataLossError):
+    """A record in the middle of a journal failed its checksum."""
+
+
+@dataclass
+class ReplayResult:
+    records: list[Record]
+    valid_bytes: int
+    torn_bytes: int
+    corrupt_at: int | None = None
+
+
+def read_records(path: Path) -> ReplayResult:
+    """Read every valid record; classify what follows the last one.
+
+    A bad record that runs to the end of the file is a torn tail (a write the
+    crash interrupted, never acknowledged). A bad record followed by more
+    bytes is corruption of acknowledged data: `corrupt_at` is set and the
+    records before it are returned.
+    """
+    data = path.read_bytes()
+    records: list[Record] = []
+    pos = 0
+    while pos < len(data):
+        record_end = _record_end(data, pos)
+        if record_end is None:
+            break
+        records.append(Record.decode_payload(data[pos + _HEADER.size : record_end]))
+        pos = record_end
+    rest = len(data) - pos
+    if rest and not _is_torn_tail(data, pos):
+        return ReplayResult(records, pos, 0, corrupt_at=pos)
+    return ReplayResult(records, pos, rest)
+
+
+def _record_end(data: bytes, pos: int) -> int | None:
+    """End offset of the valid record starting at `pos`, or None."""
+    if len(data) - pos < _HEADER.size:
+        return None
+    length, crc = _HEADER.unpack_from(data, pos)
+    end = pos + _HEADER.size + length
+    if length < 4 or length > MAX_RECORD_BYTES or end > len(data):
+        return None
+    payload = data[pos + _HEADER.size : end]
+    if zlib.crc32(payload) != crc:
+        return None
+    try:
+        Record.decode_payload(payload)
+    except (ValueError, KeyError, struct.error):
+        return None
+    return end
+
+
+def _is_torn_tail(data: bytes, pos: int) -> bool:
+    """True when the invalid bytes at `pos` can only be an interrupted append.
+
+    An append writes one record at the end; a crash can leave its prefix, or
+    its full length with unwritten (zero) or garbage content. In every such
+    case the declared length reaches the end of the file or beyond, or the
+    header itself is incomplete. If a complete, well-formed record header
+    declares a record that ends before the end of the file, there are later
+    bytes that were written after it: that is damage, not a torn tail.
+    """
+    if len(data) - pos < _HEADER.size:
+        return True
+    length, _ = _HEADER.unpack_from(data, pos)
+    if length > MAX_RECORD_BYTES:
+        # Garbage header: torn if everything after it is zero-filled.
+        return not any(data[pos + _HEADER.size :])
+    return pos + _HEADER.size + length >= len(data)
+
+
+class Journal:
+    """An open journal file; thread-safe appends and group-committed syncs."""
+
+    def __init__(self, path: Path, *, durable: bool) -> None:
+        self.path = path
+        self._durable = durable
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        self._synced = self._size
+        self._append_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def dirty(self) -> bool:
+        return self._synced < self._size
+
+    def append(self, record: Record) -> int:
+        """Append one record (not yet synced); return the offset after it."""
+        data = record.encode()
+        with self._append_lock:
+            start = self._size
+            try:
+                _write_all(self._fd, data)
+            except OSError as exc:
+                # Never leave a partial record behind a later good one.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, start)
+                raise storage_error(exc, "journal append") from exc
+            self._size = start + len(data)
+            return self._size
+
+    def sync(self, upto: int | None = None) -> None:
+        """Make every record before `upto` durable, sharing fsyncs (group commit)."""
+        if self._durable:
+            self._fsync_upto(self._size if upto is None else upto)
+
+    def sync_now(self) -> None:
+        """fsync whatever was appended, whatever the durability mode (interval syncer)."""
+        self._fsync_upto(self._size)
+
+    def _fsync_upto(self, target: int) -> None:
+        if self._synced >= target:
+            return
+        with self._sync_lock:
+            if self._synced >= target:
+                return  # another writer's fsync covered us while we waited
+            end = self._size
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                raise storage_error(exc, "journal fsync") from exc
+            self._synced = max(self._synced, end)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def truncate(path: Path, size: int) -> None:
+    """Cut a torn tail (durably) so later appends follow the last good record."""
+    with open(path, "r+b") as f:
+        f.truncate(size)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rewrite(path: Path, records: Iterator[Record] | list[Record]) -> None:
+    """Atomically replace a journal with `records` (compaction)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            for record in records:
+                f.write(record.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise storage_error(exc, "journal compaction") from exc
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def storage_error(exc: OSError, what: str) -> StratadError:
+    """Map an OS error during a write to the status a client should see."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceExhaustedError(f"disk full during {what}; nothing was written")
+    return StratadError(f"storage error during {what}: {exc.strerror}")

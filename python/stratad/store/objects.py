@@ -1,0 +1,208 @@
+"""Content-addressed, immutable objects of one tenant.
+
+`<tenant>/objects/ab/<rest of hex digest>` holds one framed object (see
+docs/native.md): magic, sizes, the BLAKE3 digest of the uncompressed content
+and the zstd payload. Objects are written once and never modified.
+
+Durability without one fsync per object: every object a mutation writes is
+also carried inline in that mutation's journal record, and the journal record
+is what gets fsynced before the acknowledgement. The object file itself is
+written with temp file + rename but synced later, in batches (`sync_pending`),
+before the journal is compacted (which drops the inline copies). After a
+crash, recovery rewrites any object whose file is missing or damaged from the
+inline copy, so the pair (journal, objects) never loses an acknowledged byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from stratad import native
+from stratad.errors import CorruptObjectError, DataLossError, NotFoundError
+from stratad.store.journal import fsync_dir, storage_error
+
+_TMP_SUFFIX = ".tmp"
+#: Verification decodes whatever size the (checked) header declares; this is a
+#: sanity bound, not a quota: quotas are enforced when data comes in.
+NO_SIZE_LIMIT = 1 << 40
+
+
+class ObjectStore:
+    """The objects directory of one tenant, with an in-memory digest index."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        # digest -> session key of the journal that carries it inline, until
+        # the object file itself is fsynced (see needs_inline).
+        self._unsynced: dict[str, str] = {}
+        # digest -> time it was written by this process; GC never removes
+        # an object written after its mark phase started.
+        self._written_at: dict[str, float] = {}
+        self._scan()
+
+    # -- index ---------------------------------------------------------------
+
+    def _scan(self) -> None:
+        """Index existing objects; remove temp files a crash left behind."""
+        for sub in self.root.iterdir():
+            if not sub.is_dir() or len(sub.name) != 2:
+                continue
+            for entry in os.scandir(sub):
+                if entry.name.endswith(_TMP_SUFFIX):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+                    continue
+                self._sizes[sub.name + entry.name] = entry.stat().st_size
+
+    def has(self, digest: str) -> bool:
+        return digest in self._sizes
+
+    def size_of(self, digest: str) -> int:
+        return self._sizes.get(digest, 0)
+
+    def digests(self) -> list[str]:
+        with self._lock:
+            return list(self._sizes)
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(self._sizes.values())
+
+    def path_of(self, digest: str) -> Path:
+        return self.root / digest[:2] / digest[2:]
+
+    # -- write ---------------------------------------------------------------
+
+    def needs_inline(self, digest: str, owner: str) -> bool:
+        """Must a journal record of `owner` carry this existing object inline?
+
+        An object whose file is not yet fsynced is durable only through the
+        journal record that carried it. A later record of the *same* session
+        is covered by that record (same journal, earlier offset); a record of
+        another session is not, so it carries its own copy.
+        """
+        carrier = self._unsynced.get(digest)
+        return carrier is not None and carrier != owner
+
+    def put(self, digest: str, frame: bytes, owner: str) -> int:
+        """Store a framed object unless present; return the bytes added.
+
+        The caller has verified that `frame` decodes to content with `digest`
+        and carries it inline in `owner`'s next journal record. The file is
+        not fsynced here (see the module docstring).
+        """
+        if digest in self._sizes:
+            return 0
+        path = self.path_of(digest)
+        tmp = path.with_name(f"{path.name}.{threading.get_ident()}{_TMP_SUFFIX}")
+        try:
+            path.parent.mkdir(exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(frame)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise storage_error(exc, "object write") from exc
+        with self._lock:
+            self._sizes[digest] = len(frame)
+            self._unsynced[digest] = owner
+            self._written_at[digest] = time.time()
+        return len(frame)
+
+    def restore(self, digest: str, frame: bytes, owner: str) -> bool:
+        """Recovery: rewrite an object from its inline journal copy if needed."""
+        path = self.path_of(digest)
+        try:
+            if native.verify_frame(path.read_bytes(), NO_SIZE_LIMIT) == digest:
+                self._sizes.setdefault(digest, path.stat().st_size)
+                return False
+        except (OSError, CorruptObjectError):
+            pass
+        self._sizes.pop(digest, None)
+        self.put(digest, frame, owner)
+        return True
+
+    def sync_pending(self) -> int:
+        """fsync every object written since the last call, then their directories."""
+        with self._lock:
+            pending = list(self._unsynced)
+        dirs = set()
+        for digest in pending:
+            path = self.path_of(digest)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # collected as garbage in the meantime
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            dirs.add(path.parent)
+        for d in dirs:
+            fsync_dir(d)
+        with self._lock:
+            for digest in pending:
+                self._unsynced.pop(digest, None)
+        return len(pending)
+
+    # -- read ----------------------------------------------------------------
+
+    def read_frame(self, digest: str) -> bytes:
+        try:
+            return self.path_of(digest).read_bytes()
+        except FileNotFoundError:
+            if digest in self._sizes:
+                raise DataLossError(f"object {digest} is missing from the store") from None
+            raise NotFoundError(f"object {digest} not found") from None
+
+    def get(self, digest: str, max_size: int) -> bytes:
+        """Read, verify and decompress an object; damage is DATA_LOSS, never data."""
+        frame = self.read_frame(digest)
+        try:
+            # decode_frame checks the content against the header's digest; the
+            # header's digest must also be the object's name (a swapped file).
+            if native.frame_digest_hex(frame) != digest:
+                raise CorruptObjectError("it holds another object's content")
+            return native.decode_frame(frame, max_size)
+        except CorruptObjectError as exc:
+            raise CorruptObjectError(f"object {digest} is corrupt: {exc}") from exc
+
+    def verify(self, digest: str) -> str | None:
+        """Re-hash one object; return a problem description or None if sound."""
+        try:
+            frame = self.read_frame(digest)
+            found = native.verify_frame(frame, NO_SIZE_LIMIT)
+        except (CorruptObjectError, DataLossError) as exc:
+            return str(exc)
+        return None if found == digest else f"holds content with digest {found}"
+
+    # -- garbage collection ----------------------------------------------------
+
+    def written_after(self, digest: str, started: float) -> bool:
+        """Was this object (re)written by this process at or after `started`?"""
+        return self._written_at.get(digest, 0.0) >= started
+
+    def delete(self, digest: str) -> int:
+        with self._lock:
+            size = self._sizes.pop(digest, 0)
+            self._unsynced.pop(digest, None)
+            self._written_at.pop(digest, None)
+        with contextlib.suppress(FileNotFoundError):
+            self.path_of(digest).unlink()
+        return size
+
+    def iter_paths(self) -> Iterator[tuple[str, Path]]:
+        for digest in self.digests():
+            yield digest, self.path_of(digest)

@@ -1,0 +1,120 @@
+"""The data directory as a whole: tenants, journals and background syncing.
+
+Durability modes (see docs/storage.md):
+- `fsync`: every acknowledged mutation is covered by an fsync of its journal
+  (group commit: concurrent writers share fsyncs);
+- `interval`: journals are fsynced by a background thread every
+  `fsync_interval`; a crash loses at most that window;
+- `none`: the OS decides; a crash of the machine (not of the daemon) may lose
+  recent writes.
+In `fsync` and `interval` modes objects are fsynced in the background, and
+always before a journal compaction drops their inline copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import weakref
+from pathlib import Path
+
+from stratad.domain.ids import validate_id
+from stratad.store.journal import Journal
+from stratad.store.tenant import TenantStore
+
+log = logging.getLogger(__name__)
+
+DURABILITY_MODES = ("fsync", "interval", "none")
+
+
+class Store:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        durability: str = "fsync",
+        fsync_interval: float = 0.1,
+        max_object_bytes: int = 64 << 20,
+    ) -> None:
+        if durability not in DURABILITY_MODES:
+            raise ValueError(f"unknown durability mode {durability!r}")
+        self.data_dir = data_dir
+        self.durability = durability
+        self.fsync_interval = fsync_interval
+        self.max_object_bytes = max_object_bytes
+        self.tenants_root = data_dir / "tenants"
+        self.tenants_root.mkdir(parents=True, exist_ok=True)
+        self._tenants: dict[str, TenantStore] = {}
+        self._lock = threading.Lock()
+        self._journals: weakref.WeakSet[Journal] = weakref.WeakSet()
+        self._stop = threading.Event()
+        self._syncer: threading.Thread | None = None
+
+    # -- tenants -------------------------------------------------------------
+
+    def tenant(self, name: str) -> TenantStore:
+        with self._lock:
+            existing = self._tenants.get(name)
+            if existing is not None:
+                return existing
+            validate_id(name, "tenant")
+            tenant = TenantStore(
+                self.tenants_root / name, name, max_object_bytes=self.max_object_bytes
+            )
+            self._tenants[name] = tenant
+            return tenant
+
+    def existing_tenant_names(self) -> list[str]:
+        return sorted(p.name for p in self.tenants_root.iterdir() if p.is_dir())
+
+    def loaded_tenants(self) -> list[TenantStore]:
+        with self._lock:
+            return list(self._tenants.values())
+
+    # -- journals ------------------------------------------------------------
+
+    def open_journal(self, path: Path) -> Journal:
+        journal = Journal(path, durable=self.durability == "fsync")
+        self._journals.add(journal)
+        return journal
+
+    def sync_objects(self) -> None:
+        """fsync objects written since the last call (skipped in `none` mode)."""
+        if self.durability == "none":
+            return
+        for tenant in self.loaded_tenants():
+            tenant.objects.sync_pending()
+
+    # -- background syncing --------------------------------------------------
+
+    def start(self) -> None:
+        if self.durability == "none" or self._syncer is not None:
+            return
+        self._syncer = threading.Thread(target=self._sync_loop, name="stratad-sync", daemon=True)
+        self._syncer.start()
+
+    def _sync_loop(self) -> None:
+        while not self._stop.wait(self.fsync_interval):
+            try:
+                self._sync_once()
+            except Exception:  # keep syncing; a failing disk is reported by writes
+                log.exception("background sync failed")
+
+    def _sync_once(self) -> None:
+        if self.durability == "interval":
+            for journal in list(self._journals):
+                if journal.dirty:
+                    journal.sync_now()
+        self.sync_objects()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._syncer is not None:
+            self._syncer.join(timeout=10)
+        with contextlib.suppress(Exception):
+            self._sync_once()
+        for journal in list(self._journals):
+            if journal.dirty and self.durability != "none":
+                journal.sync_now()
+            journal.close()

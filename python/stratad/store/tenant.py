@@ -1,0 +1,194 @@
+"""The storage of one tenant: its objects, manifests and session directories.
+
+Dedup never crosses tenants: each tenant has its own object directory. This
+module turns states into objects (chunks + manifest) and back, and knows
+which objects a state references (for garbage collection).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stratad import native
+from stratad.errors import DataLossError
+from stratad.store import manifest
+from stratad.store.objects import ObjectStore
+
+#: How a checkpoint's root object is to be read.
+ROOT_EMPTY, ROOT_CHUNK, ROOT_MANIFEST = "empty", "chunk", "manifest"
+_MANIFEST_CACHE_ENTRIES = 512
+
+
+@dataclass
+class StoredState:
+    """Where a state lives: its root object and the objects this write added."""
+
+    root: str
+    root_kind: str
+    entries: bytes
+    #: Framed objects this write may add (those already stored are skipped).
+    new_objects: list[tuple[str, bytes]] = field(default_factory=list)
+    #: The manifest this one is a delta on ("" if none).
+    base: str = ""
+
+
+class StaleBaseError(Exception):
+    """An object the new state points at was collected meanwhile; prepare again."""
+
+
+class TenantStore:
+    def __init__(self, root: Path, name: str, *, max_object_bytes: int) -> None:
+        self.name = name
+        self.root = root
+        self.sessions_root = root / "sessions"
+        self.sessions_root.mkdir(parents=True, exist_ok=True)
+        self.objects = ObjectStore(root / "objects")
+        self.max_object_bytes = max_object_bytes
+        self._manifests: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        # Garbage collection bookkeeping: while a collection runs, every object
+        # a new checkpoint references is recorded here so the sweep spares it.
+        self.gc_lock = threading.Lock()
+        self.gc_touched: set[str] | None = None
+
+    # -- write -------------------------------------------------------------
+
+    def prepare(self, data: bytes, base: tuple[str, str] | None) -> StoredState:
+        """Chunk, digest and frame `data`; pick the objects that are new."""
+        chunks = native.prepare_chunks(data)
+        entries = manifest.entries_blob([(c.digest, c.length) for c in chunks])
+        frames = {c.digest: c.frame for c in chunks}
+        return self.prepare_entries(entries, frames, base)
+
+    def prepare_entries(
+        self, entries: bytes, frames: dict[str, bytes], base: tuple[str, str] | None
+    ) -> StoredState:
+        """Build the root for a chunk list; `frames` holds verified new chunks."""
+        count = manifest.entry_count(entries)
+        if count == 0:
+            return StoredState("", ROOT_EMPTY, entries)
+        new = [(d, frames[d]) for d, _ in manifest.iter_entries(entries) if d in frames]
+        unique = dict(new)
+        if count == 1:
+            root = next(manifest.iter_entries(entries))[0]
+            return StoredState(root, ROOT_CHUNK, entries, list(unique.items()))
+        content = manifest.encode(entries, self._manifest_base(base))
+        root, decoded = native.digest_hex(content), manifest.decode(content)
+        unique[root] = native.encode_frame(content)
+        self._cache_manifest(root, entries, decoded.depth)
+        return StoredState(root, ROOT_MANIFEST, entries, list(unique.items()), decoded.base)
+
+    def _manifest_base(self, base: tuple[str, str] | None) -> tuple[str, bytes, int] | None:
+        if base is None or base[1] != ROOT_MANIFEST:
+            return None
+        entries, depth = self.resolve_manifest(base[0])
+        return base[0], entries, depth
+
+    def commit_objects(self, state: StoredState, owner: str) -> list[tuple[str, bytes]]:
+        """Write the state's new objects; return those the journal record must carry.
+
+        That is every object this call added, plus existing objects that are
+        durable only through another session's journal so far. Objects
+        referenced while a garbage collection runs are recorded for it.
+        """
+        inline: list[tuple[str, bytes]] = []
+        with self.gc_lock:
+            for digest, frame in state.new_objects:
+                if self.objects.put(digest, frame, owner) or self.objects.needs_inline(
+                    digest, owner
+                ):
+                    inline.append((digest, frame))
+            for digest in self._referenced_existing(state):
+                if not self.objects.has(digest):
+                    raise StaleBaseError(digest)
+                if self.objects.needs_inline(digest, owner):
+                    inline.append((digest, self.objects.read_frame(digest)))
+            if self.gc_touched is not None:
+                self.gc_touched.update(self.closure(state.root, state.root_kind, state.entries))
+        return inline
+
+    def _referenced_existing(self, state: StoredState) -> list[str]:
+        """Objects the state points at without carrying them (chunks it dedups, its base)."""
+        new = {d for d, _ in state.new_objects}
+        refs = [d for d, _ in manifest.iter_entries(state.entries) if d not in new]
+        if state.base:
+            refs.append(state.base)
+        return refs
+
+    def missing(self, digests: list[str]) -> list[str]:
+        return [d for d in digests if not self.objects.has(d)]
+
+    # -- read --------------------------------------------------------------
+
+    def resolve_manifest(self, digest: str) -> tuple[bytes, int]:
+        """A manifest's full entries blob and delta depth (cached)."""
+        with self._cache_lock:
+            hit = self._manifests.get(digest)
+            if hit is not None:
+                self._manifests.move_to_end(digest)
+                return hit
+        m = manifest.decode(self.objects.get(digest, self.max_object_bytes))
+        entries = m.added
+        if m.kind == manifest.DELTA:
+            base_entries, _ = self.resolve_manifest(m.base)
+            if m.keep > manifest.entry_count(base_entries):
+                raise DataLossError(f"manifest {digest} keeps more entries than its base has")
+            entries = base_entries[: m.keep * manifest.ENTRY.size] + m.added
+        self._cache_manifest(digest, entries, m.depth)
+        return entries, m.depth
+
+    def _cache_manifest(self, digest: str, entries: bytes, depth: int) -> None:
+        with self._cache_lock:
+            self._manifests[digest] = (entries, depth)
+            self._manifests.move_to_end(digest)
+            while len(self._manifests) > _MANIFEST_CACHE_ENTRIES:
+                self._manifests.popitem(last=False)
+
+    def entries_of(self, root: str, kind: str, size: int) -> bytes:
+        """The chunk list of a stored state (a single chunk's length is the size)."""
+        if kind == ROOT_EMPTY:
+            return b""
+        if kind == ROOT_CHUNK:
+            return manifest.ENTRY.pack(bytes.fromhex(root), size)
+        return self.resolve_manifest(root)[0]
+
+    def read(self, root: str, kind: str, size: int, digest: str) -> bytes:
+        """Reassemble a state and verify it; damage is DATA_LOSS, never data."""
+        if kind == ROOT_EMPTY:
+            data = b""
+        elif kind == ROOT_CHUNK:
+            data = self.objects.get(root, self.max_object_bytes)
+        else:
+            entries = self.resolve_manifest(root)[0]
+            data = b"".join(
+                self.objects.get(d, self.max_object_bytes)
+                for d, _ in manifest.iter_entries(entries)
+            )
+        if len(data) != size or native.digest_hex(data) != digest:
+            raise DataLossError(
+                f"state {digest} failed verification after reassembly "
+                f"({len(data)} bytes, expected {size})"
+            )
+        return data
+
+    # -- references (GC, verify) ----------------------------------------------
+
+    def closure(self, root: str, kind: str, entries: bytes | None = None) -> set[str]:
+        """Every object a state depends on: root, manifest chain and chunks."""
+        if kind == ROOT_EMPTY:
+            return set()
+        if kind == ROOT_CHUNK:
+            return {root}
+        found = {root}
+        digest = root
+        while digest:  # the delta chain
+            m = manifest.decode(self.objects.get(digest, self.max_object_bytes))
+            found.add(digest)
+            digest = m.base
+        if entries is None:
+            entries = self.resolve_manifest(root)[0]
+        found.update(d for d, _ in manifest.iter_entries(entries))
+        return found
