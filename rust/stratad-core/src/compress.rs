@@ -1,0 +1,346 @@
+//! zstd compression with a hard cap on what decompression may produce.
+//!
+//! Stored and uploaded objects are untrusted input: a few bytes of zstd can
+//! claim (or really expand to) gigabytes. `decompress` therefore never
+//! produces more than the caller's `max_size`, refuses a frame that declares
+//! more up front, and never aborts the process on a huge allocation request.
+
+use std::io::Read;
+
+use zstd::zstd_safe::{self, CCtx, CParameter, DCtx};
+
+use crate::error::{Error, Result};
+
+/// The range of compression levels zstd accepts (negative levels are the
+/// fast modes; 0 means zstd's default level, 3).
+pub fn level_range() -> std::ops::RangeInclusive<i32> {
+    zstd_safe::min_c_level()..=zstd_safe::max_c_level()
+}
+
+/// Fails with `InvalidInput` when `level` is outside [`level_range`].
+pub fn validate_level(level: i32) -> Result<()> {
+    let range = level_range();
+    if range.contains(&level) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "compression level must be in {}..={}, got {level}",
+            range.start(),
+            range.end()
+        )))
+    }
+}
+
+pub(crate) fn zstd_error_name(code: usize) -> &'static str {
+    zstd_safe::get_error_name(code)
+}
+
+pub(crate) fn new_cctx() -> Result<CCtx<'static>> {
+    CCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))
+}
+
+pub(crate) fn new_dctx() -> Result<DCtx<'static>> {
+    DCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))
+}
+
+/// An empty `Vec` with room for `capacity` bytes, or `TooLarge` instead of
+/// aborting the process when that much memory cannot be had.
+pub(crate) fn buffer_with_capacity(capacity: usize, limit: u64) -> Result<Vec<u8>> {
+    let mut buffer = Vec::new();
+    buffer
+        .try_reserve_exact(capacity)
+        .map_err(|_| Error::TooLarge { limit })?;
+    Ok(buffer)
+}
+
+/// Compresses `data` into one zstd frame that records its content size.
+///
+/// `dictionary`, when given and not empty, is loaded as zstd does by default:
+/// a trained (zdict) dictionary if it starts with the dictionary magic,
+/// otherwise raw content.
+pub fn compress(data: &[u8], level: i32, dictionary: Option<&[u8]>) -> Result<Vec<u8>> {
+    validate_level(level)?;
+    let mut cctx = new_cctx()?;
+    let set = |cctx: &mut CCtx<'static>, param: CParameter| {
+        cctx.set_parameter(param)
+            .map(drop)
+            .map_err(|code| Error::Internal(format!("zstd: {}", zstd_error_name(code))))
+    };
+    set(&mut cctx, CParameter::CompressionLevel(level))?;
+    set(&mut cctx, CParameter::ContentSizeFlag(true))?;
+    if let Some(dict) = dictionary.filter(|d| !d.is_empty()) {
+        cctx.load_dictionary(dict).map_err(|code| {
+            Error::invalid(format!("unusable dictionary: {}", zstd_error_name(code)))
+        })?;
+    }
+    let bound = zstd_safe::compress_bound(data.len());
+    let mut out = buffer_with_capacity(bound, bound as u64)?;
+    cctx.compress2(&mut out, data)
+        .map_err(|code| Error::Internal(format!("zstd: {}", zstd_error_name(code))))?;
+    Ok(out)
+}
+
+/// Decompresses `data`, which must be exactly one zstd frame, producing at
+/// most `max_size` bytes.
+///
+/// Errors: `TooLarge` when the output would exceed `max_size` (checked
+/// against the frame's declared content size before any work, and enforced
+/// while decoding frames that declare none); `Corrupt` for anything that is
+/// not exactly one valid zstd frame, including a wrong or missing dictionary.
+pub fn decompress(data: &[u8], max_size: u64, dictionary: Option<&[u8]>) -> Result<Vec<u8>> {
+    let dictionary = dictionary.filter(|d| !d.is_empty());
+    let frame_size = zstd_safe::find_frame_compressed_size(data)
+        .map_err(|code| Error::corrupt(format!("not a zstd frame: {}", zstd_error_name(code))))?;
+    if frame_size != data.len() {
+        return Err(Error::corrupt(format!(
+            "{} bytes after the zstd frame",
+            data.len().saturating_sub(frame_size)
+        )));
+    }
+    match zstd_safe::get_frame_content_size(data) {
+        Err(_) => Err(Error::corrupt("bad zstd frame header")),
+        Ok(Some(declared)) => {
+            if declared > max_size {
+                return Err(Error::TooLarge { limit: max_size });
+            }
+            let capacity =
+                usize::try_from(declared).map_err(|_| Error::TooLarge { limit: max_size })?;
+            decompress_exact(data, capacity, dictionary, max_size)
+        }
+        Ok(None) => decompress_streaming(data, max_size, dictionary),
+    }
+}
+
+/// One-shot decoding of a frame that declares `size` bytes of content, into
+/// a buffer of exactly that size (zstd checks the declared size).
+pub(crate) fn decompress_exact(
+    data: &[u8],
+    size: usize,
+    dictionary: Option<&[u8]>,
+    limit: u64,
+) -> Result<Vec<u8>> {
+    let mut out = buffer_with_capacity(size, limit)?;
+    let mut dctx = new_dctx()?;
+    let written = match dictionary {
+        Some(dict) => dctx.decompress_using_dict(&mut out, data, dict),
+        None => dctx.decompress(&mut out, data),
+    }
+    .map_err(|code| Error::corrupt(format!("zstd: {}", zstd_error_name(code))))?;
+    if written != size {
+        return Err(Error::corrupt(format!(
+            "zstd frame decoded to {written} bytes, declared {size}"
+        )));
+    }
+    Ok(out)
+}
+
+/// Streaming decoding of a frame without a declared size: the output grows
+/// as needed and decoding stops as soon as it passes `max_size`.
+fn decompress_streaming(data: &[u8], max_size: u64, dictionary: Option<&[u8]>) -> Result<Vec<u8>> {
+    let decoder = zstd::stream::read::Decoder::with_dictionary(data, dictionary.unwrap_or(&[]))
+        .map_err(|e| Error::corrupt(format!("zstd: {e}")))?
+        .single_frame();
+    let mut out = Vec::new();
+    decoder
+        .take(max_size.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::OutOfMemory => Error::TooLarge { limit: max_size },
+            _ => Error::corrupt(format!("zstd: {e}")),
+        })?;
+    if out.len() as u64 > max_size {
+        return Err(Error::TooLarge { limit: max_size });
+    }
+    Ok(out)
+}
+
+/// Trains a zstd dictionary of at most `max_size` bytes on `samples`.
+///
+/// zdict needs a fair amount of sample data (roughly 100 times the
+/// dictionary size is recommended); when it cannot build a dictionary the
+/// error is `InvalidInput`.
+pub fn train_dictionary<S: AsRef<[u8]>>(samples: &[S], max_size: usize) -> Result<Vec<u8>> {
+    if samples.is_empty() {
+        return Err(Error::invalid("train_dictionary needs at least one sample"));
+    }
+    if u32::try_from(samples.len()).is_err() {
+        return Err(Error::invalid("too many samples"));
+    }
+    zstd::dict::from_samples(samples, max_size)
+        .map_err(|e| Error::invalid(format!("cannot train a dictionary: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(len: usize) -> Vec<u8> {
+        b"the agent decided to call the search tool because the user asked "
+            .iter()
+            .copied()
+            .cycle()
+            .take(len)
+            .collect()
+    }
+
+    #[test]
+    fn round_trip() {
+        for len in [0, 1, 100, 10_000, 1 << 20] {
+            let data = text(len);
+            let packed = compress(&data, 3, None).expect("compress");
+            assert_eq!(
+                zstd_safe::get_frame_content_size(&packed).ok(),
+                Some(Some(len as u64))
+            );
+            assert_eq!(
+                decompress(&packed, len as u64, None).expect("decompress"),
+                data
+            );
+        }
+    }
+
+    #[test]
+    fn all_levels_in_range_work_and_others_are_refused() {
+        let data = text(5000);
+        for level in [-5, 0, 1, 3, 19, 22] {
+            let packed = compress(&data, level, None).expect("valid level");
+            assert_eq!(decompress(&packed, 5000, None).expect("decompress"), data);
+        }
+        for level in [23, 100, i32::MIN, i32::MAX] {
+            assert!(matches!(
+                compress(&data, level, None),
+                Err(Error::InvalidInput(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn declared_size_above_limit_is_refused() {
+        let data = text(10_000);
+        let packed = compress(&data, 3, None).expect("compress");
+        assert_eq!(
+            decompress(&packed, 9_999, None),
+            Err(Error::TooLarge { limit: 9_999 })
+        );
+        assert_eq!(decompress(&packed, 10_000, None).expect("fits"), data);
+    }
+
+    /// A frame that does not record its size (as streaming compressors
+    /// write): 64 MiB of zeros in about 2 KiB.
+    fn bomb() -> Vec<u8> {
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 19).expect("encoder");
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            std::io::Write::write_all(&mut encoder, &zeros).expect("write");
+        }
+        encoder.finish().expect("finish")
+    }
+
+    #[test]
+    fn decompression_bomb_is_refused() {
+        let bomb = bomb();
+        assert!(bomb.len() < 64 * 1024, "{}", bomb.len());
+        assert_eq!(zstd_safe::get_frame_content_size(&bomb).ok(), Some(None));
+        assert_eq!(
+            decompress(&bomb, 1 << 20, None),
+            Err(Error::TooLarge { limit: 1 << 20 })
+        );
+        assert_eq!(
+            decompress(&bomb, (64 << 20) - 1, None),
+            Err(Error::TooLarge {
+                limit: (64 << 20) - 1
+            })
+        );
+        let out = decompress(&bomb, 64 << 20, None).expect("exactly at the limit");
+        assert_eq!(out.len(), 64 << 20);
+    }
+
+    #[test]
+    fn huge_declared_size_does_not_abort() {
+        // A hand-made frame header declaring 2^62 bytes of content.
+        let mut frame = vec![0x28, 0xB5, 0x2F, 0xFD, 0xE0];
+        frame.extend_from_slice(&(1u64 << 62).to_le_bytes());
+        frame.extend_from_slice(&[0x01, 0x00, 0x00]); // last, raw, empty block
+        let result = decompress(&frame, u64::MAX, None);
+        assert!(
+            matches!(result, Err(Error::TooLarge { .. }) | Err(Error::Corrupt(_))),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn malformed_input_is_corrupt() {
+        let packed = compress(&text(5000), 3, None).expect("compress");
+        let cases: Vec<Vec<u8>> = vec![
+            vec![],
+            b"not zstd at all".to_vec(),
+            packed[..packed.len() - 1].to_vec(),
+            packed[..10].to_vec(),
+            [packed.clone(), vec![0]].concat(),
+            [packed.clone(), packed.clone()].concat(),
+        ];
+        for case in cases {
+            let result = decompress(&case, 1 << 20, None);
+            assert!(matches!(result, Err(Error::Corrupt(_))), "{result:?}");
+        }
+        let mut flipped = packed.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0xFF;
+        assert!(decompress(&flipped, 1 << 20, None).is_err());
+    }
+
+    #[test]
+    fn dictionaries() {
+        let samples: Vec<Vec<u8>> = (0..400)
+            .map(|i| {
+                format!(
+                    "{{\"role\":\"user\",\"content\":\"message number {i} about quarterly revenue {}\"}}",
+                    i * 7919 % 1000
+                )
+                .into_bytes()
+            })
+            .collect();
+        let dict = train_dictionary(&samples, 4096).expect("train");
+        assert!(!dict.is_empty() && dict.len() <= 4096);
+        let data =
+            b"{\"role\":\"user\",\"content\":\"message number 12345 about quarterly revenue 77\"}";
+        let with = compress(data, 3, Some(&dict)).expect("compress with dict");
+        let without = compress(data, 3, None).expect("compress");
+        assert!(with.len() < without.len());
+        assert_eq!(
+            decompress(&with, 1000, Some(&dict)).expect("decompress"),
+            data.to_vec()
+        );
+        assert!(matches!(
+            decompress(&with, 1000, None),
+            Err(Error::Corrupt(_))
+        ));
+        // An empty dictionary is no dictionary.
+        let plain = compress(data, 3, Some(b"")).expect("compress");
+        assert_eq!(
+            decompress(&plain, 1000, Some(b"")).expect("ok"),
+            data.to_vec()
+        );
+        // A raw-content dictionary works too.
+        let raw_dict = b"quarterly revenue message number about role user content";
+        let packed = compress(data, 3, Some(raw_dict)).expect("compress raw dict");
+        assert_eq!(
+            decompress(&packed, 1000, Some(raw_dict)).expect("decompress"),
+            data.to_vec()
+        );
+    }
+
+    #[test]
+    fn training_failures_are_invalid_input() {
+        let none: Vec<Vec<u8>> = vec![];
+        assert!(matches!(
+            train_dictionary(&none, 4096),
+            Err(Error::InvalidInput(_))
+        ));
+        let tiny = vec![b"a".to_vec(), b"b".to_vec()];
+        assert!(matches!(
+            train_dictionary(&tiny, 4096),
+            Err(Error::InvalidInput(_))
+        ));
+    }
+}

@@ -1,0 +1,26 @@
+//! `stratad-core`: the pure-Rust hot paths of stratad.
+//!
+//! This crate deliberately has no Python dependency: it is tested with plain
+//! `cargo test`, and `stratad-py` wraps it as the `stratad._core` extension
+//! module (converting types and releasing the GIL, nothing else). The
+//! contract every function follows is `docs/native.md`.
+
+pub mod chunking;
+pub mod compress;
+pub mod digest;
+pub mod error;
+pub mod frame;
+pub mod generalize;
+pub mod pipeline;
+pub mod similarity;
+
+pub use chunking::{chunk_boundaries, DEFAULT_AVG_CHUNK, DEFAULT_MAX_CHUNK, DEFAULT_MIN_CHUNK};
+pub use compress::{compress, decompress, train_dictionary};
+pub use digest::{digest, digest_hex, to_hex};
+pub use error::{Error, Result};
+pub use frame::{
+    decode_frame, encode_frame, frame_digest, verify_frame, FORMAT_VERSION, FRAME_HEADER_SIZE,
+};
+pub use generalize::{detect_entity_types, generalize_goal};
+pub use pipeline::{prepare_chunks, PreparedChunk};
+pub use similarity::{jaccard, tokenize, top_k, JaccardIndex};
