@@ -406,7 +406,7 @@ def explain_chunking(rows: Sequence[Row], phases: Sequence[Phase]) -> str:
         f"What the Rust core does remove is the Python loop over the chunks (one call for "
         f"all of them) and, above all, any pure-Python chunker: against the `fastcdc` "
         f"package's pure-Python mode and the reference port, (a) is "
-        f"{_speedups(rows, 'pure Python')} and {_speedups(rows, 'reference port')} faster. "
+        f"{_speedups(rows, 'fastcdc pure Python')} and {_speedups(rows, 'reference port')} faster. "
         "Reaching 10x against the Cython stack would take a cheaper codec setting "
         "(level 1 or negative levels) on both sides, or compressing chunks in parallel "
         "on more cores than this 2-core machine has."
