@@ -89,25 +89,26 @@ pub fn compress(data: &[u8], level: i32, dictionary: Option<&[u8]>) -> Result<Ve
 /// not exactly one valid zstd frame, including a wrong or missing dictionary.
 pub fn decompress(data: &[u8], max_size: u64, dictionary: Option<&[u8]>) -> Result<Vec<u8>> {
     let dictionary = dictionary.filter(|d| !d.is_empty());
+    // The declared size is checked first: it needs only the frame header.
+    let declared = zstd_safe::get_frame_content_size(data)
+        .map_err(|_| Error::corrupt("not a zstd frame (bad or truncated header)"))?;
+    if declared.is_some_and(|size| size > max_size) {
+        return Err(Error::TooLarge { limit: max_size });
+    }
     let frame_size = zstd_safe::find_frame_compressed_size(data)
-        .map_err(|code| Error::corrupt(format!("not a zstd frame: {}", zstd_error_name(code))))?;
+        .map_err(|code| Error::corrupt(format!("bad zstd frame: {}", zstd_error_name(code))))?;
     if frame_size != data.len() {
         return Err(Error::corrupt(format!(
             "{} bytes after the zstd frame",
             data.len().saturating_sub(frame_size)
         )));
     }
-    match zstd_safe::get_frame_content_size(data) {
-        Err(_) => Err(Error::corrupt("bad zstd frame header")),
-        Ok(Some(declared)) => {
-            if declared > max_size {
-                return Err(Error::TooLarge { limit: max_size });
-            }
-            let capacity =
-                usize::try_from(declared).map_err(|_| Error::TooLarge { limit: max_size })?;
-            decompress_exact(data, capacity, dictionary, max_size)
+    match declared {
+        Some(size) => {
+            let size = usize::try_from(size).map_err(|_| Error::TooLarge { limit: max_size })?;
+            decompress_exact(data, size, dictionary, max_size)
         }
-        Ok(None) => decompress_streaming(data, max_size, dictionary),
+        None => decompress_streaming(data, max_size, dictionary),
     }
 }
 

@@ -1,0 +1,126 @@
+"""Type stub of the Rust extension `stratad._core` (see docs/native.md).
+
+Import `stratad.native` instead of this module.
+"""
+
+from collections.abc import Sequence
+from typing import final
+
+__all__ = [
+    "DEFAULT_AVG_CHUNK",
+    "DEFAULT_MAX_CHUNK",
+    "DEFAULT_MIN_CHUNK",
+    "FORMAT_VERSION",
+    "FRAME_HEADER_SIZE",
+    "JaccardIndex",
+    "PreparedChunk",
+    "chunk_boundaries",
+    "compress",
+    "decode_frame",
+    "decompress",
+    "detect_entity_types",
+    "digest",
+    "digest_hex",
+    "encode_frame",
+    "frame_digest_hex",
+    "generalize_goal",
+    "jaccard",
+    "prepare_chunks",
+    "tokenize",
+    "top_k",
+    "train_dictionary",
+    "verify_frame",
+]
+
+DEFAULT_MIN_CHUNK: int
+DEFAULT_AVG_CHUNK: int
+DEFAULT_MAX_CHUNK: int
+FRAME_HEADER_SIZE: int
+FORMAT_VERSION: int
+
+def digest(data: bytes) -> bytes:
+    """32-byte BLAKE3 digest of `data`."""
+
+def digest_hex(data: bytes) -> str:
+    """Lowercase hex BLAKE3 digest of `data` (64 characters)."""
+
+def chunk_boundaries(
+    data: bytes, min_size: int = 2048, avg_size: int = 8192, max_size: int = 32768
+) -> list[tuple[int, int]]:
+    """FastCDC 2020 cut points of `data` as (offset, length) pairs."""
+
+def compress(data: bytes, level: int = 3, dictionary: bytes | None = None) -> bytes:
+    """One zstd frame of `data` (content size recorded), optionally with a dictionary."""
+
+def decompress(data: bytes, max_size: int, dictionary: bytes | None = None) -> bytes:
+    """Decompress one zstd frame, producing at most `max_size` bytes."""
+
+def train_dictionary(samples: Sequence[bytes], max_size: int) -> bytes:
+    """Train a zstd dictionary of at most `max_size` bytes."""
+
+def encode_frame(data: bytes, level: int = 3) -> bytes:
+    """The object frame of `data` (zstd, or raw when zstd is not smaller)."""
+
+def decode_frame(frame: bytes, max_size: int) -> bytes:
+    """The data of a frame, after checking its header, sizes and digest."""
+
+def verify_frame(frame: bytes, max_size: int) -> str:
+    """As `decode_frame`, but return only the digest hex."""
+
+def frame_digest_hex(frame: bytes) -> str:
+    """The digest hex recorded in a frame's (checked) header."""
+
+@final
+class PreparedChunk:
+    """One chunk of a state, cut, digested and framed by `prepare_chunks`."""
+
+    @property
+    def digest(self) -> str:
+        """Lowercase hex BLAKE3 digest of the chunk."""
+    @property
+    def offset(self) -> int:
+        """Offset of the chunk in the input."""
+    @property
+    def length(self) -> int:
+        """Length of the chunk in bytes."""
+    @property
+    def frame(self) -> bytes:
+        """The chunk's object frame."""
+
+def prepare_chunks(
+    data: bytes,
+    level: int = 3,
+    min_size: int = 2048,
+    avg_size: int = 8192,
+    max_size: int = 32768,
+) -> list[PreparedChunk]:
+    """Cut `data` with FastCDC and digest and frame every chunk."""
+
+def tokenize(text: str) -> list[str]:
+    """Keyword tokens of `text`, unique, in order of first appearance."""
+
+def jaccard(a: Sequence[str], b: Sequence[str]) -> float:
+    """Jaccard similarity of two token sets (0.0 when both are empty)."""
+
+def top_k(query: Sequence[str], corpus: Sequence[Sequence[str]], k: int) -> list[tuple[int, float]]:
+    """The best `k` entries of `corpus` for `query`, as (position, score)."""
+
+def generalize_goal(goal: str) -> str:
+    """Goal with specific values replaced by placeholders."""
+
+def detect_entity_types(text: str) -> list[str]:
+    """Entity types found in `text`, unique, in order of first appearance."""
+
+@final
+class JaccardIndex:
+    """An inverted-token index answering Jaccard top-k queries."""
+
+    def __new__(cls) -> JaccardIndex: ...
+    def add(self, key: int, tokens: Sequence[str]) -> None:
+        """Index `tokens` under `key`, replacing what `key` had."""
+    def remove(self, key: int) -> bool:
+        """Remove `key`; return whether it was indexed."""
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object, /) -> bool: ...
+    def top_k(self, query_tokens: Sequence[str], k: int) -> list[tuple[int, float]]:
+        """The best `k` keys for `query_tokens`, as (key, score)."""

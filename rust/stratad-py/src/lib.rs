@@ -1,0 +1,428 @@
+//! `stratad._core`: the Python face of `stratad-core`.
+//!
+//! This crate only converts types, releases the GIL around work on inputs
+//! larger than 4 KiB (so that both cores work while the asyncio loop runs
+//! other calls), and maps the core's errors to the exception classes of
+//! `stratad.errors` in one place ([`to_pyerr`]). All logic, and its tests,
+//! live in `stratad-core`; `python/stratad/native.py` is the only Python
+//! module that imports this one, and `python/stratad/_core.pyi` describes it.
+
+use std::sync::{PoisonError, RwLock};
+
+use pyo3::exceptions::PyOverflowError;
+use pyo3::marker::Ungil;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyType};
+use stratad_core as core;
+
+/// Inputs above this many bytes (or items) are processed with the GIL
+/// released; below it, releasing and re-taking the GIL costs more than it
+/// gains.
+const DETACH_THRESHOLD: usize = 4096;
+
+static INVALID_ARGUMENT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static CORRUPT_OBJECT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static DECOMPRESSION_LIMIT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static INTERNAL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// The one mapping from core errors to `stratad.errors` exceptions.
+fn to_pyerr(py: Python<'_>, error: core::Error) -> PyErr {
+    let (cell, name) = match &error {
+        core::Error::InvalidInput(_) => (&INVALID_ARGUMENT, "InvalidArgumentError"),
+        core::Error::Corrupt(_) => (&CORRUPT_OBJECT, "CorruptObjectError"),
+        core::Error::TooLarge { .. } => (&DECOMPRESSION_LIMIT, "DecompressionLimitError"),
+        core::Error::Internal(_) => (&INTERNAL, "InternalError"),
+    };
+    match cell.import(py, "stratad.errors", name) {
+        Ok(class) => PyErr::from_type(class.clone(), error.to_string()),
+        // stratad.errors is part of the same package; if it cannot be
+        // imported, that failure is the more useful error to show.
+        Err(import_error) => import_error,
+    }
+}
+
+/// Converts a core result, mapping its error with [`to_pyerr`].
+fn check<T>(py: Python<'_>, result: core::Result<T>) -> PyResult<T> {
+    result.map_err(|error| to_pyerr(py, error))
+}
+
+fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {
+    to_pyerr(py, core::Error::InvalidInput(message.into()))
+}
+
+/// Runs `work` with the GIL released when `size` is above the threshold.
+fn run<T, F>(py: Python<'_>, size: usize, work: F) -> T
+where
+    F: Ungil + FnOnce() -> T,
+    T: Ungil,
+{
+    if size > DETACH_THRESHOLD {
+        py.detach(work)
+    } else {
+        work()
+    }
+}
+
+/// A Python `int` argument: out of the signed 64-bit range is an
+/// `InvalidArgumentError`, not an `OverflowError`.
+#[derive(Clone, Copy)]
+struct Int(i64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Int {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        match obj.extract::<i64>() {
+            Ok(value) => Ok(Int(value)),
+            Err(error) if error.is_instance_of::<PyOverflowError>(obj.py()) => Err(invalid(
+                obj.py(),
+                format!("integer {} is out of range", &*obj),
+            )),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+impl Int {
+    /// A size or count: must not be negative.
+    fn size(self, py: Python<'_>, name: &str) -> PyResult<usize> {
+        usize::try_from(self.0)
+            .map_err(|_| invalid(py, format!("{name} must be >= 0, got {}", self.0)))
+    }
+
+    /// A byte limit: must not be negative.
+    fn limit(self, py: Python<'_>, name: &str) -> PyResult<u64> {
+        u64::try_from(self.0)
+            .map_err(|_| invalid(py, format!("{name} must be >= 0, got {}", self.0)))
+    }
+
+    /// A zstd level (its range is checked by the core).
+    fn level(self, py: Python<'_>) -> PyResult<i32> {
+        i32::try_from(self.0)
+            .map_err(|_| invalid(py, format!("compression level {} is out of range", self.0)))
+    }
+}
+
+/// 32-byte BLAKE3 digest of `data`.
+#[pyfunction]
+fn digest<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
+    let digest = run(py, data.len(), || core::digest(data));
+    PyBytes::new(py, &digest)
+}
+
+/// Lowercase hex BLAKE3 digest of `data` (64 characters).
+#[pyfunction]
+fn digest_hex(py: Python<'_>, data: &[u8]) -> String {
+    run(py, data.len(), || core::digest_hex(data))
+}
+
+/// FastCDC 2020 cut points of `data` as (offset, length) pairs.
+#[pyfunction]
+#[pyo3(
+    signature = (data, min_size = Int(core::DEFAULT_MIN_CHUNK as i64), avg_size = Int(core::DEFAULT_AVG_CHUNK as i64), max_size = Int(core::DEFAULT_MAX_CHUNK as i64)),
+    text_signature = "(data, min_size=2048, avg_size=8192, max_size=32768)"
+)]
+fn chunk_boundaries(
+    py: Python<'_>,
+    data: &[u8],
+    min_size: Int,
+    avg_size: Int,
+    max_size: Int,
+) -> PyResult<Vec<(usize, usize)>> {
+    let (min, avg, max) = (
+        min_size.size(py, "min_size")?,
+        avg_size.size(py, "avg_size")?,
+        max_size.size(py, "max_size")?,
+    );
+    let result = run(py, data.len(), || {
+        core::chunk_boundaries(data, min, avg, max)
+    });
+    check(py, result)
+}
+
+/// One zstd frame of `data` (content size recorded), optionally with a
+/// dictionary.
+#[pyfunction]
+#[pyo3(
+    signature = (data, level = Int(3), dictionary = None),
+    text_signature = "(data, level=3, dictionary=None)"
+)]
+fn compress<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    level: Int,
+    dictionary: Option<&[u8]>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let level = level.level(py)?;
+    let result = run(py, data.len(), || core::compress(data, level, dictionary));
+    Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// Decompresses one zstd frame, producing at most `max_size` bytes.
+#[pyfunction]
+#[pyo3(signature = (data, max_size, dictionary = None))]
+fn decompress<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    max_size: Int,
+    dictionary: Option<&[u8]>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let max_size = max_size.limit(py, "max_size")?;
+    let result = run(py, data.len(), || {
+        core::decompress(data, max_size, dictionary)
+    });
+    Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// Trains a zstd dictionary of at most `max_size` bytes.
+#[pyfunction]
+fn train_dictionary<'py>(
+    py: Python<'py>,
+    samples: Vec<Vec<u8>>,
+    max_size: Int,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let max_size = max_size.size(py, "max_size")?;
+    let result = py.detach(|| core::train_dictionary(&samples, max_size));
+    Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// The object frame of `data` (zstd, or raw when zstd is not smaller).
+#[pyfunction]
+#[pyo3(signature = (data, level = Int(3)), text_signature = "(data, level=3)")]
+fn encode_frame<'py>(py: Python<'py>, data: &[u8], level: Int) -> PyResult<Bound<'py, PyBytes>> {
+    let level = level.level(py)?;
+    let result = run(py, data.len(), || core::encode_frame(data, level));
+    Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// The data of a frame, after checking its header, sizes and digest.
+#[pyfunction]
+fn decode_frame<'py>(
+    py: Python<'py>,
+    frame: &[u8],
+    max_size: Int,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let max_size = max_size.limit(py, "max_size")?;
+    let result = run(py, frame.len(), || core::decode_frame(frame, max_size));
+    Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// As `decode_frame`, but returns only the digest hex.
+#[pyfunction]
+fn verify_frame(py: Python<'_>, frame: &[u8], max_size: Int) -> PyResult<String> {
+    let max_size = max_size.limit(py, "max_size")?;
+    let result = run(py, frame.len(), || core::verify_frame(frame, max_size));
+    Ok(core::to_hex(&check(py, result)?))
+}
+
+/// The digest hex recorded in a frame's (checked) header.
+#[pyfunction]
+fn frame_digest_hex(py: Python<'_>, frame: &[u8]) -> PyResult<String> {
+    Ok(core::to_hex(&check(py, core::frame_digest(frame))?))
+}
+
+/// One chunk of a state, cut, digested and framed by `prepare_chunks`.
+#[pyclass(frozen, module = "stratad._core")]
+struct PreparedChunk {
+    /// Lowercase hex BLAKE3 digest of the chunk.
+    #[pyo3(get)]
+    digest: String,
+    /// Offset of the chunk in the input.
+    #[pyo3(get)]
+    offset: usize,
+    /// Length of the chunk in bytes.
+    #[pyo3(get)]
+    length: usize,
+    /// The chunk's object frame.
+    #[pyo3(get)]
+    frame: Py<PyBytes>,
+}
+
+#[pymethods]
+impl PreparedChunk {
+    fn __repr__(&self) -> String {
+        format!(
+            "PreparedChunk(digest='{}', offset={}, length={})",
+            self.digest, self.offset, self.length
+        )
+    }
+}
+
+/// Cuts `data` with FastCDC and digests and frames every chunk.
+#[pyfunction]
+#[pyo3(
+    signature = (data, level = Int(3), min_size = Int(core::DEFAULT_MIN_CHUNK as i64), avg_size = Int(core::DEFAULT_AVG_CHUNK as i64), max_size = Int(core::DEFAULT_MAX_CHUNK as i64)),
+    text_signature = "(data, level=3, min_size=2048, avg_size=8192, max_size=32768)"
+)]
+fn prepare_chunks(
+    py: Python<'_>,
+    data: &[u8],
+    level: Int,
+    min_size: Int,
+    avg_size: Int,
+    max_size: Int,
+) -> PyResult<Vec<PreparedChunk>> {
+    let level = level.level(py)?;
+    let (min, avg, max) = (
+        min_size.size(py, "min_size")?,
+        avg_size.size(py, "avg_size")?,
+        max_size.size(py, "max_size")?,
+    );
+    let result = run(py, data.len(), || {
+        core::prepare_chunks(data, level, min, avg, max)
+    });
+    Ok(check(py, result)?
+        .into_iter()
+        .map(|chunk| PreparedChunk {
+            digest: core::to_hex(&chunk.digest),
+            offset: chunk.offset,
+            length: chunk.length,
+            frame: PyBytes::new(py, &chunk.frame).unbind(),
+        })
+        .collect())
+}
+
+/// Keyword tokens of `text`, unique, in order of first appearance.
+#[pyfunction]
+fn tokenize(py: Python<'_>, text: &str) -> Vec<String> {
+    run(py, text.len(), || core::tokenize(text))
+}
+
+/// Jaccard similarity of two token sets (0.0 when both are empty).
+#[pyfunction]
+fn jaccard(a: Vec<String>, b: Vec<String>) -> f64 {
+    core::jaccard(&a, &b)
+}
+
+/// The best `k` entries of `corpus` for `query`, as (position, score).
+#[pyfunction]
+fn top_k(
+    py: Python<'_>,
+    query: Vec<String>,
+    corpus: Vec<Vec<String>>,
+    k: Int,
+) -> PyResult<Vec<(usize, f64)>> {
+    let k = k.size(py, "k")?;
+    Ok(run(py, corpus.len(), || core::top_k(&query, &corpus, k)))
+}
+
+/// Goal with specific values replaced by placeholders.
+#[pyfunction]
+fn generalize_goal(py: Python<'_>, goal: &str) -> String {
+    run(py, goal.len(), || core::generalize_goal(goal))
+}
+
+/// Entity types found in `text`, unique, in order of first appearance.
+#[pyfunction]
+fn detect_entity_types(py: Python<'_>, text: &str) -> Vec<String> {
+    run(py, text.len(), || core::detect_entity_types(text))
+}
+
+/// An inverted-token index answering Jaccard top-k queries.
+///
+/// Safe to share between threads: queries on a large index run with the
+/// GIL released under a read lock; changes take the write lock.
+#[pyclass(frozen, module = "stratad._core")]
+struct JaccardIndex {
+    inner: RwLock<core::JaccardIndex>,
+}
+
+#[pymethods]
+impl JaccardIndex {
+    #[new]
+    fn new() -> Self {
+        Self {
+            inner: RwLock::new(core::JaccardIndex::new()),
+        }
+    }
+
+    /// Indexes `tokens` under `key`, replacing what `key` had.
+    fn add(&self, key: Int, tokens: Vec<String>) {
+        self.inner
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(key.0, &tokens);
+    }
+
+    /// Removes `key`; returns whether it was indexed.
+    fn remove(&self, key: &Bound<'_, PyAny>) -> bool {
+        match key.extract::<i64>() {
+            Ok(key) => self
+                .inner
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(key),
+            Err(_) => false,
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    fn __contains__(&self, key: &Bound<'_, PyAny>) -> bool {
+        match key.extract::<i64>() {
+            Ok(key) => self
+                .inner
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(key),
+            Err(_) => false,
+        }
+    }
+
+    /// The best `k` keys for `query_tokens`, as (key, score).
+    fn top_k(
+        &self,
+        py: Python<'_>,
+        query_tokens: Vec<String>,
+        k: Int,
+    ) -> PyResult<Vec<(i64, f64)>> {
+        let k = k.size(py, "k")?;
+        let size = self.__len__();
+        Ok(run(py, size, || {
+            self.inner
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .top_k(&query_tokens, k)
+        }))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("JaccardIndex(<{} entries>)", self.__len__())
+    }
+}
+
+/// The native core of stratad (see docs/native.md). Import `stratad.native`
+/// rather than this module.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("DEFAULT_MIN_CHUNK", core::DEFAULT_MIN_CHUNK)?;
+    m.add("DEFAULT_AVG_CHUNK", core::DEFAULT_AVG_CHUNK)?;
+    m.add("DEFAULT_MAX_CHUNK", core::DEFAULT_MAX_CHUNK)?;
+    m.add("FRAME_HEADER_SIZE", core::FRAME_HEADER_SIZE)?;
+    m.add("FORMAT_VERSION", core::FORMAT_VERSION)?;
+    m.add_class::<PreparedChunk>()?;
+    m.add_class::<JaccardIndex>()?;
+    m.add_function(wrap_pyfunction!(digest, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(chunk_boundaries, m)?)?;
+    m.add_function(wrap_pyfunction!(compress, m)?)?;
+    m.add_function(wrap_pyfunction!(decompress, m)?)?;
+    m.add_function(wrap_pyfunction!(train_dictionary, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(frame_digest_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare_chunks, m)?)?;
+    m.add_function(wrap_pyfunction!(tokenize, m)?)?;
+    m.add_function(wrap_pyfunction!(jaccard, m)?)?;
+    m.add_function(wrap_pyfunction!(top_k, m)?)?;
+    m.add_function(wrap_pyfunction!(generalize_goal, m)?)?;
+    m.add_function(wrap_pyfunction!(detect_entity_types, m)?)?;
+    Ok(())
+}
