@@ -21,6 +21,14 @@ use stratad_core as core;
 /// gains.
 const DETACH_THRESHOLD: usize = 4096;
 
+// The text signatures below spell the default chunk sizes out (so that
+// `help()` and stubtest see real values); this fails to compile if they drift.
+const _: () = assert!(
+    core::DEFAULT_MIN_CHUNK == 2048
+        && core::DEFAULT_AVG_CHUNK == 8192
+        && core::DEFAULT_MAX_CHUNK == 32768
+);
+
 static INVALID_ARGUMENT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CORRUPT_OBJECT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DECOMPRESSION_LIMIT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -64,43 +72,64 @@ where
     }
 }
 
-/// A Python `int` argument: out of the signed 64-bit range is an
-/// `InvalidArgumentError`, not an `OverflowError`.
+/// A Python `int` argument. Ints beyond 64 bits saturate here, so that each
+/// use can decide: a byte limit takes any non-negative int, other arguments
+/// report an `InvalidArgumentError` rather than an `OverflowError`.
 #[derive(Clone, Copy)]
-struct Int(i64);
+struct Int(i128);
 
 impl<'a, 'py> FromPyObject<'a, 'py> for Int {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         match obj.extract::<i64>() {
-            Ok(value) => Ok(Int(value)),
-            Err(error) if error.is_instance_of::<PyOverflowError>(obj.py()) => Err(invalid(
-                obj.py(),
-                format!("integer {} is out of range", &*obj),
-            )),
+            Ok(value) => Ok(Int(i128::from(value))),
+            Err(error) if error.is_instance_of::<PyOverflowError>(obj.py()) => {
+                if obj.gt(0)? {
+                    Ok(Int(i128::MAX))
+                } else {
+                    Ok(Int(i128::MIN))
+                }
+            }
             Err(error) => Err(error),
         }
     }
 }
 
 impl Int {
-    /// A size or count: must not be negative.
+    /// A size or count: `0..=usize::MAX`.
     fn size(self, py: Python<'_>, name: &str) -> PyResult<usize> {
-        usize::try_from(self.0)
-            .map_err(|_| invalid(py, format!("{name} must be >= 0, got {}", self.0)))
+        match usize::try_from(self.0) {
+            Ok(value) => Ok(value),
+            Err(_) if self.0 < 0 => Err(invalid(py, format!("{name} must be >= 0"))),
+            Err(_) => Err(invalid(py, format!("{name} is too large"))),
+        }
     }
 
-    /// A byte limit: must not be negative.
+    /// A result count: any non-negative int (more than there can be is all).
+    fn count(self, py: Python<'_>, name: &str) -> PyResult<usize> {
+        if self.0 < 0 {
+            return Err(invalid(py, format!("{name} must be >= 0")));
+        }
+        Ok(usize::try_from(self.0).unwrap_or(usize::MAX))
+    }
+
+    /// A byte limit: any non-negative int (above `u64::MAX` means no limit).
     fn limit(self, py: Python<'_>, name: &str) -> PyResult<u64> {
-        u64::try_from(self.0)
-            .map_err(|_| invalid(py, format!("{name} must be >= 0, got {}", self.0)))
+        if self.0 < 0 {
+            return Err(invalid(py, format!("{name} must be >= 0")));
+        }
+        Ok(u64::try_from(self.0).unwrap_or(u64::MAX))
     }
 
     /// A zstd level (its range is checked by the core).
     fn level(self, py: Python<'_>) -> PyResult<i32> {
-        i32::try_from(self.0)
-            .map_err(|_| invalid(py, format!("compression level {} is out of range", self.0)))
+        i32::try_from(self.0).map_err(|_| invalid(py, "compression level is out of range"))
+    }
+
+    /// An index key: a signed 64-bit int.
+    fn key(self, py: Python<'_>) -> PyResult<i64> {
+        i64::try_from(self.0).map_err(|_| invalid(py, "keys must fit in a signed 64-bit int"))
     }
 }
 
@@ -120,7 +149,7 @@ fn digest_hex(py: Python<'_>, data: &[u8]) -> String {
 /// FastCDC 2020 cut points of `data` as (offset, length) pairs.
 #[pyfunction]
 #[pyo3(
-    signature = (data, min_size = Int(core::DEFAULT_MIN_CHUNK as i64), avg_size = Int(core::DEFAULT_AVG_CHUNK as i64), max_size = Int(core::DEFAULT_MAX_CHUNK as i64)),
+    signature = (data, min_size = Int(core::DEFAULT_MIN_CHUNK as i128), avg_size = Int(core::DEFAULT_AVG_CHUNK as i128), max_size = Int(core::DEFAULT_MAX_CHUNK as i128)),
     text_signature = "(data, min_size=2048, avg_size=8192, max_size=32768)"
 )]
 fn chunk_boundaries(
@@ -252,7 +281,7 @@ impl PreparedChunk {
 /// Cuts `data` with FastCDC and digests and frames every chunk.
 #[pyfunction]
 #[pyo3(
-    signature = (data, level = Int(3), min_size = Int(core::DEFAULT_MIN_CHUNK as i64), avg_size = Int(core::DEFAULT_AVG_CHUNK as i64), max_size = Int(core::DEFAULT_MAX_CHUNK as i64)),
+    signature = (data, level = Int(3), min_size = Int(core::DEFAULT_MIN_CHUNK as i128), avg_size = Int(core::DEFAULT_AVG_CHUNK as i128), max_size = Int(core::DEFAULT_MAX_CHUNK as i128)),
     text_signature = "(data, level=3, min_size=2048, avg_size=8192, max_size=32768)"
 )]
 fn prepare_chunks(
@@ -303,7 +332,7 @@ fn top_k(
     corpus: Vec<Vec<String>>,
     k: Int,
 ) -> PyResult<Vec<(usize, f64)>> {
-    let k = k.size(py, "k")?;
+    let k = k.count(py, "k")?;
     Ok(run(py, corpus.len(), || core::top_k(&query, &corpus, k)))
 }
 
@@ -338,11 +367,13 @@ impl JaccardIndex {
     }
 
     /// Indexes `tokens` under `key`, replacing what `key` had.
-    fn add(&self, key: Int, tokens: Vec<String>) {
+    fn add(&self, py: Python<'_>, key: Int, tokens: Vec<String>) -> PyResult<()> {
+        let key = key.key(py)?;
         self.inner
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .add(key.0, &tokens);
+            .add(key, &tokens);
+        Ok(())
     }
 
     /// Removes `key`; returns whether it was indexed.
@@ -382,7 +413,7 @@ impl JaccardIndex {
         query_tokens: Vec<String>,
         k: Int,
     ) -> PyResult<Vec<(i64, f64)>> {
-        let k = k.size(py, "k")?;
+        let k = k.count(py, "k")?;
         let size = self.__len__();
         Ok(run(py, size, || {
             self.inner
