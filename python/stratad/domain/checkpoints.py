@@ -323,7 +323,8 @@ class Checkpoints:
             touch_for_gc(live, cp)
             return save_mutation(cp, version, at, [], [])
 
-        return self.sessions.mutate(tenant, session_id, expected_version, build)  # type: ignore[no-any-return]
+        result: SaveResult = self.sessions.mutate(tenant, session_id, expected_version, build)
+        return result.checkpoint
 
     def restore_checkpoint(
         self, tenant: str, checkpoint_id: str, *, make_current: bool = False,

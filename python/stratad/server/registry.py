@@ -22,20 +22,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from stratad.config import Config
+from stratad.domain.engine import Engine
 from stratad.store.datadir import DataDir, open_data_dir
+
+#: Worker threads for blocking domain work. Native work releases the GIL and
+#: journal fsyncs of concurrent writers overlap, so this is sized for I/O
+#: concurrency rather than for the (two) cores.
+WORKER_THREADS = 32
 
 
 @dataclass(frozen=True, slots=True)
 class Resources:
-    """Everything a servicer is built from. Later issues add the store here."""
+    """Everything a servicer is built from."""
 
     config: Config
     data_dir: DataDir
+    #: The domain layer over the data directory.
+    engine: Engine
+    #: Where servicers run blocking domain work, off the event loop.
+    executor: ThreadPoolExecutor
     #: Set when shutdown begins. Long-lived streams (watches) should end when
     #: it is set, or graceful shutdown waits out the whole grace period.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -45,7 +56,19 @@ class Resources:
 async def open_resources(config: Config) -> AsyncIterator[Resources]:
     """Open what the daemon owns for its lifetime, and release it on exit."""
     with open_data_dir(config.data_dir) as data_dir:
-        yield Resources(config=config, data_dir=data_dir)
+        engine = Engine(
+            data_dir.path,
+            durability=config.durability,
+            fsync_interval=config.fsync_interval_ms / 1000,
+            max_state_bytes=config.max_message_bytes,
+        )
+        engine.open()  # recovery: replay journals, cut torn tails, restore objects
+        executor = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="stratad-worker")
+        try:
+            yield Resources(config=config, data_dir=data_dir, engine=engine, executor=executor)
+        finally:
+            executor.shutdown(wait=True)
+            engine.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +88,42 @@ def service_name(pb2_module: ModuleType, service: str) -> str:
     return str(pb2_module.DESCRIPTOR.services_by_name[service].full_name)
 
 
+def _services() -> tuple[ServiceRegistration, ...]:
+    # Imported here: the servicers import this module for `Resources`.
+    from stratad.api.v1 import (
+        admin_pb2,
+        admin_pb2_grpc,
+        checkpoint_pb2,
+        checkpoint_pb2_grpc,
+        session_pb2,
+        session_pb2_grpc,
+    )
+    from stratad.server.servicers.admin import AdminServicer
+    from stratad.server.servicers.checkpoint import CheckpointServicer
+    from stratad.server.servicers.session import SessionServicer
+
+    return (
+        ServiceRegistration(
+            service_name(session_pb2, "SessionService"),
+            session_pb2_grpc.add_SessionServiceServicer_to_server,
+            SessionServicer,
+        ),
+        ServiceRegistration(
+            service_name(checkpoint_pb2, "CheckpointService"),
+            checkpoint_pb2_grpc.add_CheckpointServiceServicer_to_server,
+            CheckpointServicer,
+        ),
+        ServiceRegistration(
+            service_name(admin_pb2, "AdminService"),
+            admin_pb2_grpc.add_AdminServiceServicer_to_server,
+            AdminServicer,
+        ),
+    )
+
+
 #: Every application service the daemon serves (health and reflection are
 #: added by `start_server` itself).
-SERVICES: tuple[ServiceRegistration, ...] = ()
+SERVICES: tuple[ServiceRegistration, ...] = _services()
 
 
 __all__ = ["SERVICES", "Resources", "ServiceRegistration", "open_resources", "service_name"]

@@ -57,11 +57,21 @@ class TenantStore:
     # -- write -------------------------------------------------------------
 
     def prepare(self, data: bytes, base: tuple[str, str] | None) -> StoredState:
-        """Chunk, digest and frame `data`; pick the objects that are new."""
-        chunks = native.prepare_chunks(data)
-        entries = manifest.entries_blob([(c.digest, c.length) for c in chunks])
-        frames = {c.digest: c.frame for c in chunks}
-        return self.prepare_entries(entries, frames, base)
+        """Chunk and digest `data`; frame (compress) only the chunks not stored yet.
+
+        Compression is the costly step, and successive states of a session
+        share almost all their chunks: framing only the new ones keeps a save
+        proportional to what changed rather than to the state's size.
+        """
+        chunks = []
+        frames = {}
+        for offset, length in native.chunk_boundaries(data):
+            piece = data[offset : offset + length]
+            digest = native.digest_hex(piece)
+            chunks.append((digest, length))
+            if not self.objects.has(digest) and digest not in frames:
+                frames[digest] = native.encode_frame(piece)
+        return self.prepare_entries(manifest.entries_blob(chunks), frames, base)
 
     def prepare_entries(
         self, entries: bytes, frames: dict[str, bytes], base: tuple[str, str] | None

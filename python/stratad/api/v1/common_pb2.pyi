@@ -9,15 +9,16 @@ service (one file per service), as buf's STANDARD rules expect.
 """
 
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
 
-if sys.version_info >= (3, 10):
-    from typing import TypeAlias as _TypeAlias
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -33,6 +34,10 @@ class _SessionStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Session
     """The agent is running: states and checkpoints may be saved."""
     SESSION_STATUS_PAUSED: _SessionStatus.ValueType  # 2
     """Execution was paused (by the agent or on error) and may be resumed."""
+    SESSION_STATUS_COMPLETED: _SessionStatus.ValueType  # 3
+    """The agent finished its work."""
+    SESSION_STATUS_FAILED: _SessionStatus.ValueType  # 4
+    """The agent gave up; the state is kept for inspection."""
 
 class SessionStatus(_SessionStatus, metaclass=_SessionStatusEnumTypeWrapper):
     """Lifecycle state of a session. SessionService reports it on `Session` and
@@ -46,4 +51,36 @@ SESSION_STATUS_ACTIVE: SessionStatus.ValueType  # 1
 """The agent is running: states and checkpoints may be saved."""
 SESSION_STATUS_PAUSED: SessionStatus.ValueType  # 2
 """Execution was paused (by the agent or on error) and may be resumed."""
+SESSION_STATUS_COMPLETED: SessionStatus.ValueType  # 3
+"""The agent finished its work."""
+SESSION_STATUS_FAILED: SessionStatus.ValueType  # 4
+"""The agent gave up; the state is kept for inspection."""
 Global___SessionStatus: _TypeAlias = SessionStatus  # noqa: Y015
+
+@_typing.final
+class ItemError(_message.Message):
+    """The outcome of one failed item of a streaming call whose stream goes on
+    (for example SaveStates): the status code and message the item would have
+    had as a unary call.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A google.rpc.Code / grpc status code number."""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ItemError: _TypeAlias = ItemError  # noqa: Y015

@@ -1,0 +1,50 @@
+"""The domain layer assembled: one object the server (or a test) opens and closes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from stratad.domain.admin import Admin
+from stratad.domain.checkpoints import Checkpoints
+from stratad.domain.events import EventHub
+from stratad.domain.sessions import SessionManager
+from stratad.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Store + sessions + checkpoints + admin over one data directory."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        durability: str = "fsync",
+        fsync_interval: float = 0.1,
+        max_state_bytes: int = 64 << 20,
+        compact_min_bytes: int = 4 << 20,
+    ) -> None:
+        self.store = Store(
+            data_dir,
+            durability=durability,
+            fsync_interval=fsync_interval,
+            max_object_bytes=max_state_bytes,
+        )
+        self.events = EventHub()
+        self.sessions = SessionManager(
+            self.store, self.events, compact_min_bytes=compact_min_bytes
+        )
+        self.checkpoints = Checkpoints(self.sessions, max_state_bytes=max_state_bytes)
+        self.admin = Admin(self.sessions)
+
+    def open(self) -> dict[str, int]:
+        """Recover every session from its journal, then start background syncing."""
+        report = self.sessions.recover()
+        self.store.start()
+        log.info("recovered %s", report or "an empty store")
+        return report
+
+    def close(self) -> None:
+        self.store.close()

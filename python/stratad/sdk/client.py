@@ -1,0 +1,577 @@
+"""The Python SDK: `Client` (blocking) and `AsyncClient` (asyncio).
+
+Both speak the stratad.api.v1 services and return their protobuf messages.
+Every call has a deadline (`timeout`, overridable per call); gRPC retries
+calls that fail with UNAVAILABLE before reaching the daemon (a service-config
+retry policy with exponential backoff); failures are raised as the
+`stratad.errors` class of their status code. Large states are uploaded in
+chunks the daemon lacks (see sdk/upload.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+from google.protobuf import struct_pb2
+
+from stratad.api.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    checkpoint_pb2,
+    checkpoint_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+)
+from stratad.errors import (
+    ERROR_BY_STATUS,
+    FailedPreconditionError,
+    NotFoundError,
+    StratadError,
+)
+from stratad.sdk.upload import Uploader, UploadPlan
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+TENANT_HEADER = "x-stratad-tenant"
+M = TypeVar("M")
+
+_RETRY_POLICY = {
+    "methodConfig": [
+        {
+            "name": [{"service": f"stratad.api.v1.{s}"} for s in (
+                "SessionService", "CheckpointService", "TaskService", "CognitiveStateService",
+                "AgentStateService", "ProfileService", "CrystalService", "AdminService",
+            )],  # fmt: skip
+            "retryPolicy": {
+                "maxAttempts": 5,
+                "initialBackoff": "0.05s",
+                "maxBackoff": "2s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ]
+}
+
+
+def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.service_config", json.dumps(_RETRY_POLICY)),
+        ("grpc.enable_retries", 1),
+        ("grpc.max_send_message_length", max_message_bytes + (1 << 20)),
+        ("grpc.max_receive_message_length", max_message_bytes + (1 << 20)),
+    ]
+
+
+def to_error(exc: grpc.RpcError) -> StratadError:
+    """The stratad.errors exception for a failed call."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if hasattr(exc, "details") else None) or str(code)
+    cls = ERROR_BY_STATUS.get(code.name, StratadError)
+    return cls(details)
+
+
+def struct(value: dict[str, Any] | None) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    if value:
+        out.update(value)
+    return out
+
+
+def save_request(
+    session_id: str,
+    data: bytes,
+    *,
+    content_type: str = "",
+    metadata: dict[str, Any] | None = None,
+    expected_version: int = 0,
+    checkpoint_id: str = "",
+    parent_checkpoint_id: str = "",
+    namespace: str = "",
+) -> checkpoint_pb2.SaveStateRequest:
+    return checkpoint_pb2.SaveStateRequest(
+        session_id=session_id,
+        data=data,
+        content_type=content_type,
+        metadata=struct(metadata),
+        expected_version=expected_version,
+        checkpoint_id=checkpoint_id,
+        parent_checkpoint_id=parent_checkpoint_id,
+        namespace=namespace,
+    )
+
+
+def _missing_chunks(exc: StratadError) -> bool:
+    return isinstance(exc, FailedPreconditionError) and "chunks are missing" in exc.message
+
+
+def _base_gone(exc: StratadError, plan: UploadPlan) -> bool:
+    base = plan.request.chunked.base_checkpoint_id
+    return isinstance(exc, NotFoundError) and bool(base) and base in exc.message
+
+
+class Client:
+    """A blocking client. Use as a context manager, or call close()."""
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        tenant: str = "",
+        timeout: float = 30.0,
+        chunked_uploads: bool = True,
+        max_message_bytes: int = 64 << 20,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._metadata = ((TENANT_HEADER, tenant),) if tenant else ()
+        self._channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+        self.sessions = session_pb2_grpc.SessionServiceStub(self._channel)
+        self.checkpoints = checkpoint_pb2_grpc.CheckpointServiceStub(self._channel)
+        self.admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._uploader = Uploader() if chunked_uploads else None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    @property
+    def channel(self) -> grpc.Channel:
+        return self._channel
+
+    def call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        """Invoke a unary stub method with deadline and tenant; map errors."""
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise to_error(exc) from None
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until the daemon accepts connections."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise StratadError(f"no stratad daemon reachable at {self.address}") from None
+
+    # -- sessions ----------------------------------------------------------------
+
+    def create_session(
+        self, session_id: str = "", *, labels: dict[str, str] | None = None,
+        keep_last: int = 0, max_age_seconds: float = 0.0,
+    ) -> session_pb2.Session:  # fmt: skip
+        request = session_pb2.CreateSessionRequest(
+            session_id=session_id, labels=labels or {},
+            retention=session_pb2.RetentionPolicy(keep_last=keep_last, max_age_seconds=max_age_seconds),
+        )  # fmt: skip
+        return self.call(self.sessions.CreateSession, request).session  # type: ignore[no-any-return]
+
+    def get_session(self, session_id: str) -> session_pb2.Session:
+        request = session_pb2.GetSessionRequest(session_id=session_id)
+        return self.call(self.sessions.GetSession, request).session  # type: ignore[no-any-return]
+
+    def list_sessions(self, prefix: str = "", page_size: int = 100) -> Iterator[session_pb2.Session]:
+        """Every session (following page tokens), ordered by ID."""
+        token = ""
+        while True:
+            request = session_pb2.ListSessionsRequest(
+                prefix=prefix, page_size=page_size, page_token=token
+            )
+            page = self.call(self.sessions.ListSessions, request)
+            yield from page.sessions
+            token = page.next_page_token
+            if not token:
+                return
+
+    def delete_session(self, session_id: str, expected_version: int = 0) -> None:
+        request = session_pb2.DeleteSessionRequest(
+            session_id=session_id, expected_version=expected_version
+        )
+        self.call(self.sessions.DeleteSession, request)
+        if self._uploader:
+            self._uploader.forget_session(session_id)
+
+    def watch_session(
+        self, session_id: str, from_version: int = 0, timeout: float | None = None
+    ) -> Iterator[session_pb2.SessionEvent]:
+        """Events of the session as they happen (blocking iterator; cancel by closing it)."""
+        request = session_pb2.WatchSessionRequest(session_id=session_id, from_version=from_version)
+        stream = self.sessions.WatchSession(request, timeout=timeout, metadata=self._metadata)
+        try:
+            for response in stream:
+                yield response.event
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise to_error(exc) from None
+        finally:
+            stream.cancel()
+
+    # -- state -------------------------------------------------------------------
+
+    def save_state(
+        self, session_id: str, data: bytes, **options: Any
+    ) -> checkpoint_pb2.SaveStateResponse:
+        """Save `data` as a new checkpoint (options: content_type, metadata,
+        expected_version, checkpoint_id, parent_checkpoint_id, namespace)."""
+        return self.save(save_request(session_id, data, **options))
+
+    def save(self, request: checkpoint_pb2.SaveStateRequest) -> checkpoint_pb2.SaveStateResponse:
+        plan = self._uploader.plan(request) if self._uploader else None
+        if plan is None:
+            return self.call(self.checkpoints.SaveState, request)  # type: ignore[no-any-return]
+        assert self._uploader is not None
+        for _ in range(3):
+            try:
+                response = self.call(self.checkpoints.SaveState, plan.request)
+            except StratadError as exc:
+                if _missing_chunks(exc):
+                    missing = self.find_missing_chunks(self._uploader.chunk_digests(plan))
+                    plan = self._uploader.with_frames(plan, missing)
+                elif _base_gone(exc, plan):
+                    plan = self._uploader.without_base(plan)
+                else:
+                    raise
+                continue
+            self._uploader.saved(plan, response.checkpoint_id)
+            return response  # type: ignore[no-any-return]
+        return self.call(self.checkpoints.SaveState, request)  # type: ignore[no-any-return]
+
+    def load_state(
+        self, session_id: str, checkpoint_id: str = "", namespace: str = ""
+    ) -> checkpoint_pb2.LoadStateResponse:
+        request = checkpoint_pb2.LoadStateRequest(
+            session_id=session_id, checkpoint_id=checkpoint_id, namespace=namespace
+        )
+        return self.call(self.checkpoints.LoadState, request)  # type: ignore[no-any-return]
+
+    def find_missing_chunks(self, digests: list[str]) -> list[str]:
+        request = checkpoint_pb2.FindMissingChunksRequest(digests=digests)
+        return list(self.call(self.checkpoints.FindMissingChunks, request).missing)
+
+    def pause_execution(
+        self, session_id: str, data: bytes | None = None, *, expected_version: int = 0,
+        **options: Any,
+    ) -> checkpoint_pb2.PauseExecutionResponse:  # fmt: skip
+        """Pause the session, first saving `data` as a checkpoint when given."""
+        if data is not None:
+            saved = self.save_state(session_id, data, expected_version=expected_version, **options)
+            expected_version = 0
+        request = checkpoint_pb2.PauseExecutionRequest(
+            session_id=session_id, expected_version=expected_version
+        )
+        response = self.call(self.checkpoints.PauseExecution, request)
+        if data is not None:
+            response.saved.CopyFrom(saved)
+        return response  # type: ignore[no-any-return]
+
+    def resume_execution(
+        self, session_id: str, expected_version: int = 0
+    ) -> checkpoint_pb2.ResumeExecutionResponse:
+        request = checkpoint_pb2.ResumeExecutionRequest(
+            session_id=session_id, expected_version=expected_version
+        )
+        return self.call(self.checkpoints.ResumeExecution, request)  # type: ignore[no-any-return]
+
+    def create_checkpoint(
+        self, session_id: str, name: str = "", *, metadata: dict[str, Any] | None = None,
+        checkpoint_id: str = "", expected_version: int = 0,
+    ) -> checkpoint_pb2.Checkpoint:  # fmt: skip
+        request = checkpoint_pb2.CreateCheckpointRequest(
+            session_id=session_id, name=name, metadata=struct(metadata),
+            checkpoint_id=checkpoint_id, expected_version=expected_version,
+        )  # fmt: skip
+        return self.call(self.checkpoints.CreateCheckpoint, request).checkpoint  # type: ignore[no-any-return]
+
+    def restore_checkpoint(
+        self, checkpoint_id: str, *, make_current: bool = False, expected_version: int = 0
+    ) -> checkpoint_pb2.LoadStateResponse:
+        request = checkpoint_pb2.RestoreCheckpointRequest(
+            checkpoint_id=checkpoint_id, make_current=make_current,
+            expected_version=expected_version,
+        )  # fmt: skip
+        return self.call(self.checkpoints.RestoreCheckpoint, request).state  # type: ignore[no-any-return]
+
+    def list_checkpoints(
+        self, session_id: str, *, namespace: str | None = None,
+        metadata_filter: dict[str, Any] | None = None, before: str = "", page_size: int = 100,
+    ) -> Iterator[checkpoint_pb2.Checkpoint]:  # fmt: skip
+        """Checkpoints newest first, following page tokens."""
+        token = ""
+        while True:
+            request = checkpoint_pb2.ListCheckpointsRequest(
+                session_id=session_id, page_size=page_size, page_token=token,
+                metadata_filter=struct(metadata_filter), before=before,
+            )  # fmt: skip
+            if namespace is not None:
+                request.namespace = namespace
+            page = self.call(self.checkpoints.ListCheckpoints, request)
+            yield from page.checkpoints
+            token = page.next_page_token
+            if not token:
+                return
+
+    def delete_checkpoint(self, checkpoint_id: str, expected_version: int = 0) -> None:
+        request = checkpoint_pb2.DeleteCheckpointRequest(
+            checkpoint_id=checkpoint_id, expected_version=expected_version
+        )
+        self.call(self.checkpoints.DeleteCheckpoint, request)
+
+    def fork_session(
+        self, checkpoint_id: str, new_session_id: str = "", labels: dict[str, str] | None = None
+    ) -> session_pb2.Session:
+        request = checkpoint_pb2.ForkSessionRequest(
+            checkpoint_id=checkpoint_id, new_session_id=new_session_id, labels=labels or {}
+        )
+        return self.call(self.checkpoints.ForkSession, request).session  # type: ignore[no-any-return]
+
+    def save_states(
+        self, requests: Iterable[checkpoint_pb2.SaveStateRequest], timeout: float | None = None
+    ) -> Iterator[checkpoint_pb2.SaveStatesResponse]:
+        """Stream many saves; one response per request, in order (whole states)."""
+        stream = self.checkpoints.SaveStates(
+            (checkpoint_pb2.SaveStatesRequest(request=r) for r in requests),
+            timeout=timeout, metadata=self._metadata,
+        )  # fmt: skip
+        try:
+            yield from stream
+        except grpc.RpcError as exc:
+            raise to_error(exc) from None
+
+    # -- admin -------------------------------------------------------------------
+
+    def verify(self) -> admin_pb2.VerifyResponse:
+        return self.call(self.admin.Verify, admin_pb2.VerifyRequest(), timeout=3600)  # type: ignore[no-any-return]
+
+    def collect_garbage(self) -> admin_pb2.CollectGarbageResponse:
+        request = admin_pb2.CollectGarbageRequest()
+        return self.call(self.admin.CollectGarbage, request, timeout=3600)  # type: ignore[no-any-return]
+
+    def store_stats(self) -> admin_pb2.GetStoreStatsResponse:
+        return self.call(self.admin.GetStoreStats, admin_pb2.GetStoreStatsRequest())  # type: ignore[no-any-return]
+
+
+class AsyncClient:
+    """The asyncio client: the same methods as `Client`, awaitable."""
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        tenant: str = "",
+        timeout: float = 30.0,
+        chunked_uploads: bool = True,
+        max_message_bytes: int = 64 << 20,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._metadata = ((TENANT_HEADER, tenant),) if tenant else ()
+        self._channel = grpc.aio.insecure_channel(
+            address, options=channel_options(max_message_bytes)
+        )
+        self.sessions = session_pb2_grpc.SessionServiceStub(self._channel)
+        self.checkpoints = checkpoint_pb2_grpc.CheckpointServiceStub(self._channel)
+        self.admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._uploader = Uploader() if chunked_uploads else None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return await method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise to_error(exc) from None
+
+    async def create_session(
+        self, session_id: str = "", *, labels: dict[str, str] | None = None,
+        keep_last: int = 0, max_age_seconds: float = 0.0,
+    ) -> session_pb2.Session:  # fmt: skip
+        request = session_pb2.CreateSessionRequest(
+            session_id=session_id, labels=labels or {},
+            retention=session_pb2.RetentionPolicy(keep_last=keep_last, max_age_seconds=max_age_seconds),
+        )  # fmt: skip
+        return (await self.call(self.sessions.CreateSession, request)).session  # type: ignore[no-any-return]
+
+    async def get_session(self, session_id: str) -> session_pb2.Session:
+        request = session_pb2.GetSessionRequest(session_id=session_id)
+        return (await self.call(self.sessions.GetSession, request)).session  # type: ignore[no-any-return]
+
+    async def list_sessions(
+        self, prefix: str = "", page_size: int = 100
+    ) -> AsyncIterator[session_pb2.Session]:
+        token = ""
+        while True:
+            request = session_pb2.ListSessionsRequest(
+                prefix=prefix, page_size=page_size, page_token=token
+            )
+            page = await self.call(self.sessions.ListSessions, request)
+            for session in page.sessions:
+                yield session
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def delete_session(self, session_id: str, expected_version: int = 0) -> None:
+        request = session_pb2.DeleteSessionRequest(
+            session_id=session_id, expected_version=expected_version
+        )
+        await self.call(self.sessions.DeleteSession, request)
+        if self._uploader:
+            self._uploader.forget_session(session_id)
+
+    async def watch_session(
+        self, session_id: str, from_version: int = 0
+    ) -> AsyncIterator[session_pb2.SessionEvent]:
+        request = session_pb2.WatchSessionRequest(session_id=session_id, from_version=from_version)
+        stream = self.sessions.WatchSession(request, metadata=self._metadata)
+        try:
+            async for response in stream:
+                yield response.event
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                raise to_error(exc) from None
+        finally:
+            stream.cancel()
+
+    async def save_state(
+        self, session_id: str, data: bytes, **options: Any
+    ) -> checkpoint_pb2.SaveStateResponse:
+        return await self.save(save_request(session_id, data, **options))
+
+    async def save(
+        self, request: checkpoint_pb2.SaveStateRequest
+    ) -> checkpoint_pb2.SaveStateResponse:
+        plan = self._uploader.plan(request) if self._uploader else None
+        if plan is None:
+            return await self.call(self.checkpoints.SaveState, request)  # type: ignore[no-any-return]
+        assert self._uploader is not None
+        for _ in range(3):
+            try:
+                response = await self.call(self.checkpoints.SaveState, plan.request)
+            except StratadError as exc:
+                if _missing_chunks(exc):
+                    missing = await self.find_missing_chunks(self._uploader.chunk_digests(plan))
+                    plan = self._uploader.with_frames(plan, missing)
+                elif _base_gone(exc, plan):
+                    plan = self._uploader.without_base(plan)
+                else:
+                    raise
+                continue
+            self._uploader.saved(plan, response.checkpoint_id)
+            return response  # type: ignore[no-any-return]
+        return await self.call(self.checkpoints.SaveState, request)  # type: ignore[no-any-return]
+
+    async def load_state(
+        self, session_id: str, checkpoint_id: str = "", namespace: str = ""
+    ) -> checkpoint_pb2.LoadStateResponse:
+        request = checkpoint_pb2.LoadStateRequest(
+            session_id=session_id, checkpoint_id=checkpoint_id, namespace=namespace
+        )
+        return await self.call(self.checkpoints.LoadState, request)  # type: ignore[no-any-return]
+
+    async def find_missing_chunks(self, digests: list[str]) -> list[str]:
+        request = checkpoint_pb2.FindMissingChunksRequest(digests=digests)
+        return list((await self.call(self.checkpoints.FindMissingChunks, request)).missing)
+
+    async def pause_execution(
+        self, session_id: str, data: bytes | None = None, *, expected_version: int = 0,
+        **options: Any,
+    ) -> checkpoint_pb2.PauseExecutionResponse:  # fmt: skip
+        saved = None
+        if data is not None:
+            saved = await self.save_state(
+                session_id, data, expected_version=expected_version, **options
+            )
+            expected_version = 0
+        request = checkpoint_pb2.PauseExecutionRequest(
+            session_id=session_id, expected_version=expected_version
+        )
+        response = await self.call(self.checkpoints.PauseExecution, request)
+        if saved is not None:
+            response.saved.CopyFrom(saved)
+        return response  # type: ignore[no-any-return]
+
+    async def resume_execution(
+        self, session_id: str, expected_version: int = 0
+    ) -> checkpoint_pb2.ResumeExecutionResponse:
+        request = checkpoint_pb2.ResumeExecutionRequest(
+            session_id=session_id, expected_version=expected_version
+        )
+        return await self.call(self.checkpoints.ResumeExecution, request)  # type: ignore[no-any-return]
+
+    async def create_checkpoint(
+        self, session_id: str, name: str = "", *, metadata: dict[str, Any] | None = None,
+        checkpoint_id: str = "", expected_version: int = 0,
+    ) -> checkpoint_pb2.Checkpoint:  # fmt: skip
+        request = checkpoint_pb2.CreateCheckpointRequest(
+            session_id=session_id, name=name, metadata=struct(metadata),
+            checkpoint_id=checkpoint_id, expected_version=expected_version,
+        )  # fmt: skip
+        response = await self.call(self.checkpoints.CreateCheckpoint, request)
+        return response.checkpoint  # type: ignore[no-any-return]
+
+    async def restore_checkpoint(
+        self, checkpoint_id: str, *, make_current: bool = False, expected_version: int = 0
+    ) -> checkpoint_pb2.LoadStateResponse:
+        request = checkpoint_pb2.RestoreCheckpointRequest(
+            checkpoint_id=checkpoint_id, make_current=make_current,
+            expected_version=expected_version,
+        )  # fmt: skip
+        return (await self.call(self.checkpoints.RestoreCheckpoint, request)).state  # type: ignore[no-any-return]
+
+    async def list_checkpoints(
+        self, session_id: str, *, namespace: str | None = None,
+        metadata_filter: dict[str, Any] | None = None, before: str = "", page_size: int = 100,
+    ) -> AsyncIterator[checkpoint_pb2.Checkpoint]:  # fmt: skip
+        token = ""
+        while True:
+            request = checkpoint_pb2.ListCheckpointsRequest(
+                session_id=session_id, page_size=page_size, page_token=token,
+                metadata_filter=struct(metadata_filter), before=before,
+            )  # fmt: skip
+            if namespace is not None:
+                request.namespace = namespace
+            page = await self.call(self.checkpoints.ListCheckpoints, request)
+            for checkpoint in page.checkpoints:
+                yield checkpoint
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def delete_checkpoint(self, checkpoint_id: str, expected_version: int = 0) -> None:
+        request = checkpoint_pb2.DeleteCheckpointRequest(
+            checkpoint_id=checkpoint_id, expected_version=expected_version
+        )
+        await self.call(self.checkpoints.DeleteCheckpoint, request)
+
+    async def fork_session(
+        self, checkpoint_id: str, new_session_id: str = "", labels: dict[str, str] | None = None
+    ) -> session_pb2.Session:
+        request = checkpoint_pb2.ForkSessionRequest(
+            checkpoint_id=checkpoint_id, new_session_id=new_session_id, labels=labels or {}
+        )
+        return (await self.call(self.checkpoints.ForkSession, request)).session  # type: ignore[no-any-return]
+
+    async def verify(self) -> admin_pb2.VerifyResponse:
+        return await self.call(self.admin.Verify, admin_pb2.VerifyRequest(), timeout=3600)  # type: ignore[no-any-return]
+
+    async def collect_garbage(self) -> admin_pb2.CollectGarbageResponse:
+        request = admin_pb2.CollectGarbageRequest()
+        return await self.call(self.admin.CollectGarbage, request, timeout=3600)  # type: ignore[no-any-return]
+
+    async def store_stats(self) -> admin_pb2.GetStoreStatsResponse:
+        request = admin_pb2.GetStoreStatsRequest()
+        return await self.call(self.admin.GetStoreStats, request)  # type: ignore[no-any-return]

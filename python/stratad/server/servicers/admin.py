@@ -1,0 +1,50 @@
+"""AdminService: protobuf in, domain call, protobuf out."""
+
+from __future__ import annotations
+
+import grpc
+
+from stratad.api.v1 import admin_pb2, admin_pb2_grpc
+from stratad.server.servicers.base import Servicer, tenant_of
+
+
+class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
+    async def Verify(
+        self, request: admin_pb2.VerifyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.VerifyResponse:
+        report = await self.run(self.engine.admin.verify, tenant_of(context))
+        return admin_pb2.VerifyResponse(
+            objects_checked=report.objects_checked,
+            corrupt_objects=[
+                admin_pb2.CorruptObject(digest=c.digest, problem=c.problem, session_ids=c.sessions)
+                for c in report.corrupt
+            ],
+            damaged_sessions=report.damaged_sessions,
+            ok=report.ok,
+        )
+
+    async def CollectGarbage(
+        self, request: admin_pb2.CollectGarbageRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CollectGarbageResponse:
+        report = await self.run(self.engine.admin.collect_garbage, tenant_of(context))
+        return admin_pb2.CollectGarbageResponse(
+            objects_removed=report.objects_removed,
+            bytes_freed=report.bytes_freed,
+            objects_kept=report.objects_kept,
+            seconds=report.seconds,
+        )
+
+    async def GetStoreStats(
+        self, request: admin_pb2.GetStoreStatsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.GetStoreStatsResponse:
+        s = await self.run(self.engine.admin.stats, tenant_of(context))
+        return admin_pb2.GetStoreStatsResponse(
+            sessions=s.sessions,
+            checkpoints=s.checkpoints,
+            objects=s.objects,
+            logical_bytes=s.logical_bytes,
+            unique_bytes=s.unique_bytes,
+            stored_bytes=s.stored_bytes,
+            dedup_ratio=s.dedup_ratio,
+            compression_ratio=s.compression_ratio,
+        )

@@ -1,0 +1,44 @@
+"""What every servicer shares: the tenant of a call and running domain work off the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from stratad.domain.ids import validate_id
+
+if TYPE_CHECKING:
+    from stratad.server.registry import Resources
+
+T = TypeVar("T")
+TENANT_METADATA_KEY = "x-stratad-tenant"
+DEFAULT_TENANT = "default"
+
+
+def tenant_of(context: grpc.aio.ServicerContext) -> str:
+    """The tenant a call acts in (authentication off: the metadata value, or `default`)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == TENANT_METADATA_KEY:
+            return validate_id(str(value), "tenant")
+    return DEFAULT_TENANT
+
+
+class Servicer:
+    def __init__(self, resources: Resources) -> None:
+        self.resources = resources
+        self.engine = resources.engine
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking domain work (file I/O, native code) on the worker pool.
+
+        The event loop must stay free: native work releases the GIL, so both
+        cores work while the loop keeps serving other calls.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.resources.executor, functools.partial(fn, *args, **kwargs)
+        )

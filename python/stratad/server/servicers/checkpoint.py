@@ -1,0 +1,214 @@
+"""CheckpointService: protobuf in, domain call, protobuf out."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from stratad.api.v1 import checkpoint_pb2, checkpoint_pb2_grpc, common_pb2
+from stratad.domain.checkpoints import ChunkUpload, SaveInput
+from stratad.domain.models import SessionStatus
+from stratad.errors import StratadError
+from stratad.server.servicers.base import Servicer, tenant_of
+from stratad.server.servicers.convert import (
+    checkpoint_to_pb,
+    load_to_pb,
+    save_to_pb,
+    session_to_pb,
+    struct_to_dict,
+)
+
+_log = logging.getLogger(__name__)
+
+
+def _item_error(code: grpc.StatusCode, message: str) -> checkpoint_pb2.SaveStatesResponse:
+    return checkpoint_pb2.SaveStatesResponse(
+        error=common_pb2.ItemError(code=code.value[0], message=message)
+    )
+
+
+def save_input(request: checkpoint_pb2.SaveStateRequest) -> SaveInput:
+    upload = None
+    if request.HasField("chunked"):
+        c = request.chunked
+        upload = ChunkUpload(
+            size=c.size,
+            digest=c.digest,
+            chunks=[(ref.digest, ref.length) for ref in c.chunks],
+            frames=list(c.frames),
+            base_checkpoint_id=c.base_checkpoint_id,
+            keep=c.keep,
+        )
+    return SaveInput(
+        data=None if upload is not None else request.data,
+        upload=upload,
+        content_type=request.content_type,
+        metadata=struct_to_dict(request.metadata),
+        expected_version=request.expected_version,
+        checkpoint_id=request.checkpoint_id,
+        parent_checkpoint_id=request.parent_checkpoint_id,
+        namespace=request.namespace,
+    )
+
+
+class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer):
+    async def SaveState(
+        self, request: checkpoint_pb2.SaveStateRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.SaveStateResponse:
+        return await self._save(tenant_of(context), request)
+
+    async def _save(
+        self, tenant: str, request: checkpoint_pb2.SaveStateRequest
+    ) -> checkpoint_pb2.SaveStateResponse:
+        result = await self.run(
+            self.engine.checkpoints.save_state, tenant, request.session_id, save_input(request)
+        )
+        return save_to_pb(result)
+
+    async def LoadState(
+        self, request: checkpoint_pb2.LoadStateRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.LoadStateResponse:
+        result = await self.run(
+            self.engine.checkpoints.load_state,
+            tenant_of(context),
+            request.session_id,
+            request.checkpoint_id,
+            request.namespace,
+        )
+        return load_to_pb(result)
+
+    async def PauseExecution(
+        self, request: checkpoint_pb2.PauseExecutionRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.PauseExecutionResponse:
+        tenant = tenant_of(context)
+        response = checkpoint_pb2.PauseExecutionResponse()
+        expected = request.expected_version
+        if request.HasField("state"):
+            state = request.state
+            state.session_id = request.session_id
+            state.expected_version = state.expected_version or expected
+            response.saved.CopyFrom(await self._save(tenant, state))
+            expected = 0  # checked by the save, which bumped the version
+        info = await self.run(
+            self.engine.checkpoints.set_status,
+            tenant,
+            request.session_id,
+            SessionStatus.PAUSED,
+            expected_version=expected,
+        )
+        response.session.CopyFrom(session_to_pb(info))
+        return response
+
+    async def ResumeExecution(
+        self, request: checkpoint_pb2.ResumeExecutionRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.ResumeExecutionResponse:
+        tenant = tenant_of(context)
+        info = await self.run(
+            self.engine.checkpoints.set_status,
+            tenant,
+            request.session_id,
+            SessionStatus.ACTIVE,
+            expected_version=request.expected_version,
+            allowed_from=(SessionStatus.PAUSED,),
+        )
+        response = checkpoint_pb2.ResumeExecutionResponse(session=session_to_pb(info))
+        if info.head:
+            loaded = await self.run(
+                self.engine.checkpoints.load_state, tenant, request.session_id, info.head
+            )
+            response.state.CopyFrom(load_to_pb(loaded))
+        return response
+
+    async def CreateCheckpoint(
+        self, request: checkpoint_pb2.CreateCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.CreateCheckpointResponse:
+        result = await self.run(
+            self.engine.checkpoints.create_checkpoint,
+            tenant_of(context),
+            request.session_id,
+            name=request.name,
+            metadata=struct_to_dict(request.metadata),
+            checkpoint_id=request.checkpoint_id,
+            expected_version=request.expected_version,
+        )
+        return checkpoint_pb2.CreateCheckpointResponse(checkpoint=checkpoint_to_pb(result))
+
+    async def RestoreCheckpoint(
+        self, request: checkpoint_pb2.RestoreCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.RestoreCheckpointResponse:
+        result = await self.run(
+            self.engine.checkpoints.restore_checkpoint,
+            tenant_of(context),
+            request.checkpoint_id,
+            make_current=request.make_current,
+            expected_version=request.expected_version,
+        )
+        return checkpoint_pb2.RestoreCheckpointResponse(state=load_to_pb(result))
+
+    async def ListCheckpoints(
+        self, request: checkpoint_pb2.ListCheckpointsRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.ListCheckpointsResponse:
+        page, token = await self.run(
+            self.engine.checkpoints.list_checkpoints,
+            tenant_of(context),
+            request.session_id,
+            namespace=request.namespace if request.HasField("namespace") else None,
+            metadata=struct_to_dict(request.metadata_filter),
+            before=request.before,
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
+        return checkpoint_pb2.ListCheckpointsResponse(
+            checkpoints=[checkpoint_to_pb(c) for c in page], next_page_token=token
+        )
+
+    async def DeleteCheckpoint(
+        self, request: checkpoint_pb2.DeleteCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.DeleteCheckpointResponse:
+        await self.run(
+            self.engine.checkpoints.delete_checkpoint,
+            tenant_of(context),
+            request.checkpoint_id,
+            request.expected_version,
+        )
+        return checkpoint_pb2.DeleteCheckpointResponse()
+
+    async def ForkSession(
+        self, request: checkpoint_pb2.ForkSessionRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.ForkSessionResponse:
+        info = await self.run(
+            self.engine.checkpoints.fork_session,
+            tenant_of(context),
+            request.checkpoint_id,
+            new_session_id=request.new_session_id,
+            labels=dict(request.labels),
+        )
+        return checkpoint_pb2.ForkSessionResponse(session=session_to_pb(info))
+
+    async def SaveStates(
+        self,
+        request_iterator: AsyncIterator[checkpoint_pb2.SaveStatesRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[checkpoint_pb2.SaveStatesResponse]:
+        tenant = tenant_of(context)
+        async for item in request_iterator:
+            try:
+                saved = await self._save(tenant, item.request)
+            except StratadError as exc:
+                yield _item_error(grpc.StatusCode[exc.grpc_status], exc.message)
+            except Exception:
+                _log.exception("SaveStates item failed")
+                yield _item_error(grpc.StatusCode.INTERNAL, "internal error")
+            else:
+                yield checkpoint_pb2.SaveStatesResponse(response=saved)
+
+    async def FindMissingChunks(
+        self, request: checkpoint_pb2.FindMissingChunksRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.FindMissingChunksResponse:
+        missing = await self.run(
+            self.engine.checkpoints.find_missing, tenant_of(context), list(request.digests)
+        )
+        return checkpoint_pb2.FindMissingChunksResponse(missing=missing)
+

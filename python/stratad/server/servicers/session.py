@@ -1,0 +1,107 @@
+"""SessionService: protobuf in, domain call, protobuf out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from stratad.api.v1 import session_pb2, session_pb2_grpc
+from stratad.domain.events import SessionEvent
+from stratad.errors import FailedPreconditionError
+from stratad.server.servicers.base import Servicer, tenant_of
+from stratad.server.servicers.convert import event_to_pb, session_to_pb
+
+
+class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
+    async def CreateSession(
+        self, request: session_pb2.CreateSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.CreateSessionResponse:
+        info = await self.run(
+            self.engine.sessions.create,
+            tenant_of(context),
+            request.session_id,
+            labels=dict(request.labels),
+            keep_last=request.retention.keep_last,
+            max_age_seconds=request.retention.max_age_seconds,
+        )
+        return session_pb2.CreateSessionResponse(session=session_to_pb(info))
+
+    async def GetSession(
+        self, request: session_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.GetSessionResponse:
+        info = await self.run(self.engine.sessions.info, tenant_of(context), request.session_id)
+        return session_pb2.GetSessionResponse(session=session_to_pb(info))
+
+    async def ListSessions(
+        self, request: session_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.ListSessionsResponse:
+        page, token = await self.run(
+            self.engine.sessions.list,
+            tenant_of(context),
+            prefix=request.prefix,
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
+        return session_pb2.ListSessionsResponse(
+            sessions=[session_to_pb(s) for s in page], next_page_token=token
+        )
+
+    async def DeleteSession(
+        self, request: session_pb2.DeleteSessionRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.DeleteSessionResponse:
+        await self.run(
+            self.engine.sessions.delete,
+            tenant_of(context),
+            request.session_id,
+            request.expected_version,
+        )
+        return session_pb2.DeleteSessionResponse()
+
+    async def WatchSession(
+        self, request: session_pb2.WatchSessionRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[session_pb2.WatchSessionResponse]:
+        tenant = tenant_of(context)
+        sessions = self.engine.sessions
+        live = sessions.live(tenant, request.session_id)
+        sub = self.engine.events.subscribe(live.key)
+        try:
+            with live.lock:  # subscribe and copy history atomically: no gap, no repeat
+                history = list(live.history)
+                current = live.state.version
+            last = request.from_version or current
+            for event in _replay(history, request.from_version, current):
+                last = event.version
+                yield _response(request.session_id, event)
+            while (event := await self._next(sub.queue)) is not None:
+                if event.version > last:
+                    last = event.version
+                    yield _response(request.session_id, event)
+        finally:
+            self.engine.events.unsubscribe(sub)
+
+    async def _next(self, queue: asyncio.Queue[SessionEvent | None]) -> SessionEvent | None:
+        """The next event; None when the session is deleted or the daemon stops."""
+        get = asyncio.ensure_future(queue.get())
+        stop = asyncio.ensure_future(self.resources.stopping.wait())
+        done, _ = await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (get, stop):
+            if task not in done:
+                task.cancel()
+        return get.result() if get in done else None
+
+
+def _replay(history: list[SessionEvent], from_version: int, current: int) -> list[SessionEvent]:
+    if not from_version or from_version >= current:
+        return []
+    if not history or history[0].version > from_version + 1:
+        oldest = history[0].version if history else current
+        raise FailedPreconditionError(
+            f"events before version {oldest} are no longer kept; watch from {oldest - 1} or later"
+        )
+    return [e for e in history if e.version > from_version]
+
+
+def _response(session_id: str, event: SessionEvent) -> session_pb2.WatchSessionResponse:
+    return session_pb2.WatchSessionResponse(event=event_to_pb(session_id, event))
