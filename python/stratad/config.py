@@ -86,7 +86,8 @@ def _parse_listen(raw: object) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host:
         raise ValueError("expected HOST:PORT or unix:/path")
-    if host.startswith("[") != host.endswith("]"):
+    bracketed = host.startswith("[") and host.endswith("]")
+    if not bracketed and (":" in host or "[" in host or "]" in host):
         raise ValueError("an IPv6 host must be in brackets, e.g. [::1]:50051")
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"port must be a number from 0 to 65535, got {port!r}")

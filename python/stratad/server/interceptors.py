@@ -7,7 +7,10 @@ traceback goes to the log under an incident id that the message repeats.
 
 grpc.aio decides how to drive a handler by inspecting the *function*
 (coroutine function, async generator function, or plain function run in a
-thread pool), so every wrapper below has the same kind as what it wraps.
+thread pool), so every wrapper below has the same kind as what it wraps. stratad's own
+servicers are async; sync handlers are mapped too, with one limit that is
+grpc.aio's own: a sync *generator* that fails after it yielded races the
+loop's write and may end as UNKNOWN instead of its status.
 """
 
 from __future__ import annotations
@@ -146,7 +149,9 @@ def _reraise_if_grpc_own(context: Any, exc: Exception) -> None:
     # server-stopped errors) are control flow that grpc must see unchanged:
     # it checks that the AbortError it raised is the one that comes back.
     # And once a status went out, there is nothing left to report it on.
-    if isinstance(exc, grpc.aio.BaseError) or context.done():
+    # (The context of a sync handler has no done(); its abort() then raises.)
+    done = getattr(context, "done", None)
+    if isinstance(exc, grpc.aio.BaseError) or (done is not None and done()):
         raise exc
 
 
