@@ -1,0 +1,102 @@
+"""Health, reflection and server options of an in-process server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from stratad.server.app import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME
+from stratad.server.registry import Resources, ServiceRegistration
+
+ECHO_SERVICE = "stratad.test.v1.EchoService"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+async def _echo(request: bytes, context: Any) -> bytes:
+    return request
+
+
+def echo_registration() -> ServiceRegistration:
+    """A bytes-in, bytes-out service, registered the way real services are."""
+
+    def add(servicer: object, server: Any) -> None:
+        handler = grpc.method_handlers_generic_handler(
+            ECHO_SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(_echo)}
+        )
+        server.add_generic_rpc_handlers((handler,))
+
+    def factory(resources: Resources) -> object:
+        return object()
+
+    return ServiceRegistration(name=ECHO_SERVICE, add_fn=add, servicer_factory=factory)
+
+
+def list_services(target: str) -> list[str]:
+    with grpc.insecure_channel(target) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        responses = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+    return [s.name for s in responses[0].list_services_response.service]
+
+
+def check(target: str, service: str = "") -> int:
+    with grpc.insecure_channel(target) as channel:
+        request = health_pb2.HealthCheckRequest(service=service)
+        return int(health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status)
+
+
+def test_health_serving(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server()
+    assert server.target.startswith("127.0.0.1:")
+    assert not server.target.endswith(":0")
+    assert check(server.target) == SERVING
+
+
+def test_reflection_lists_health_and_reflection(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server()
+    names = list_services(server.target)
+    assert HEALTH_SERVICE_NAME == "grpc.health.v1.Health"
+    assert HEALTH_SERVICE_NAME in names
+    assert REFLECTION_SERVICE_NAME in names
+
+
+def test_registered_service_is_served_listed_and_healthy(
+    inprocess_server: Callable[..., Any],
+) -> None:
+    server = inprocess_server(services=[echo_registration()])
+    assert ECHO_SERVICE in list_services(server.target)
+    assert check(server.target, ECHO_SERVICE) == SERVING
+    with grpc.insecure_channel(server.target) as channel:
+        echo = channel.unary_unary(f"/{ECHO_SERVICE}/Echo")
+        assert echo(b"hello", timeout=10) == b"hello"
+
+
+def test_unknown_service_health_is_not_found(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server()
+    with pytest.raises(grpc.RpcError) as excinfo:
+        check(server.target, "no.such.Service")
+    assert excinfo.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_max_message_bytes_is_enforced(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server(services=[echo_registration()], max_message_bytes=4096)
+    with grpc.insecure_channel(server.target) as channel:
+        echo = channel.unary_unary(f"/{ECHO_SERVICE}/Echo")
+        assert echo(b"x" * 4000, timeout=10) == b"x" * 4000
+        with pytest.raises(grpc.RpcError) as excinfo:
+            echo(b"x" * 5000, timeout=10)
+    assert excinfo.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_second_server_cannot_take_the_same_port(
+    inprocess_server: Callable[..., Any],
+) -> None:
+    from stratad.server.app import ServerStartError
+
+    first = inprocess_server()
+    with pytest.raises(ServerStartError, match="cannot listen"):
+        inprocess_server(listen=first.target)

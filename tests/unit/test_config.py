@@ -1,0 +1,218 @@
+"""Config loading: precedence, the file format and validation of every value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from stratad.config import OPTIONS, Config, ConfigError, load_config
+from stratad.errors import InvalidArgumentError
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "stratad.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    config = load_config()
+    assert config == Config()
+    assert config.listen == "127.0.0.1:50051"
+    assert config.data_dir == Path("./stratad-data")
+    assert config.log_level == "info"
+    assert config.log_format == "text"
+    assert config.grace_period == 10.0
+    assert config.max_message_bytes == 64 * 1024 * 1024
+    assert config.durability == "fsync"
+    assert config.fsync_interval_ms == 100
+
+
+def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path) -> None:
+    path = write_toml(
+        tmp_path,
+        'listen = "127.0.0.1:1001"\nlog_level = "warning"\ngrace_period = 3\n',
+    )
+    env = {"STRATAD_LISTEN": "127.0.0.1:1002", "STRATAD_LOG_LEVEL": "error"}
+    flags = {"listen": "127.0.0.1:1003", "log_level": None, "grace_period": None}
+
+    config = load_config(flags, env, path)
+
+    assert config.listen == "127.0.0.1:1003"  # flag beats env and file
+    assert config.log_level == "error"  # env beats file
+    assert config.grace_period == 3.0  # file beats default
+    assert config.durability == "fsync"  # default
+
+
+@pytest.mark.parametrize("layer", ["file", "env", "flag"])
+def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
+    values = {
+        "listen": "unix:/run/stratad.sock",
+        "data_dir": "/var/lib/stratad",
+        "log_level": "debug",
+        "log_format": "json",
+        "grace_period": "2.5",
+        "max_message_bytes": "1024",
+        "max_concurrent_rpcs": "8",
+        "durability": "interval",
+        "fsync_interval_ms": "50",
+    }
+    assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
+    if layer == "file":
+        toml = "".join(f'{k} = "{v}"\n' for k, v in values.items() if not v[0].isdigit())
+        toml += "".join(f"{k} = {v}\n" for k, v in values.items() if v[0].isdigit())
+        config = load_config(config_file=write_toml(tmp_path, toml))
+    elif layer == "env":
+        config = load_config(environ={f"STRATAD_{k.upper()}": v for k, v in values.items()})
+    else:
+        config = load_config(flags=values)
+
+    assert config == Config(
+        listen="unix:/run/stratad.sock",
+        data_dir=Path("/var/lib/stratad"),
+        log_level="debug",
+        log_format="json",
+        grace_period=2.5,
+        max_message_bytes=1024,
+        max_concurrent_rpcs=8,
+        durability="interval",
+        fsync_interval_ms=50,
+    )
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'durability = "none"\n')
+    assert load_config(environ={"STRATAD_CONFIG": str(path)}).durability == "none"
+
+
+def test_explicit_config_file_beats_environment_variable(tmp_path: Path) -> None:
+    env_file = write_toml(tmp_path, 'durability = "none"\n')
+    flag_file = tmp_path / "other.toml"
+    flag_file.write_text('durability = "interval"\n')
+    config = load_config(environ={"STRATAD_CONFIG": str(env_file)}, config_file=flag_file)
+    assert config.durability == "interval"
+
+
+def test_unknown_key_in_file_is_an_error_naming_the_key(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'listen = "127.0.0.1:1"\nlisten_adress = "x"\n')
+    with pytest.raises(ConfigError, match="listen_adress") as excinfo:
+        load_config(config_file=path)
+    assert str(path) in excinfo.value.message
+
+
+def test_tables_in_file_are_unknown_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'server'"):
+        load_config(config_file=write_toml(tmp_path, '[server]\nlisten = "127.0.0.1:1"\n'))
+
+
+def test_unknown_stratad_environment_variables_are_ignored() -> None:
+    # Clients share the prefix (e.g. an SDK's STRATAD_TENANT).
+    assert load_config(environ={"STRATAD_TENANT": "acme"}) == Config()
+
+
+def test_empty_environment_variable_means_unset() -> None:
+    assert load_config(environ={"STRATAD_LISTEN": ""}).listen == "127.0.0.1:50051"
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(config_file=tmp_path / "absent.toml")
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(config_file=write_toml(tmp_path, "listen = \n"))
+
+
+def test_config_error_is_an_invalid_argument_error() -> None:
+    assert issubclass(ConfigError, InvalidArgumentError)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("listen", "localhost"),
+        ("listen", ":50051"),
+        ("listen", "127.0.0.1:65536"),
+        ("listen", "127.0.0.1:-1"),
+        ("listen", "127.0.0.1:http"),
+        ("listen", "::1:50051"),
+        ("listen", "unix:"),
+        ("log_level", "loud"),
+        ("log_format", "xml"),
+        ("grace_period", "-1"),
+        ("grace_period", "nan"),
+        ("grace_period", "inf"),
+        ("grace_period", "soon"),
+        ("max_message_bytes", "0"),
+        ("max_message_bytes", str(2**31)),
+        ("max_message_bytes", "1.5"),
+        ("max_concurrent_rpcs", "-1"),
+        ("durability", "sometimes"),
+        ("fsync_interval_ms", "0"),
+    ],
+)
+@pytest.mark.parametrize("layer", ["flag", "env", "file"])
+def test_invalid_values_name_the_key_and_source(
+    tmp_path: Path, layer: str, key: str, value: str
+) -> None:
+    if layer == "flag":
+        load, source = lambda: load_config(flags={key: value}), f"--{key.replace('_', '-')}"
+    elif layer == "env":
+        env_var = f"STRATAD_{key.upper()}"
+        load, source = lambda: load_config(environ={env_var: value}), env_var
+    else:
+        path = write_toml(tmp_path, f"{key} = {value!r}\n")
+        load, source = lambda: load_config(config_file=path), str(path)
+    with pytest.raises(ConfigError) as excinfo:
+        load()
+    assert key in excinfo.value.message
+    assert source in excinfo.value.message
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("grace_period = true", "grace_period"),
+        ("max_message_bytes = 1.5", "max_message_bytes"),
+        ("listen = 50051", "listen"),
+        ("data_dir = []", "data_dir"),
+    ],
+)
+def test_wrongly_typed_toml_values(tmp_path: Path, toml: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_config(config_file=write_toml(tmp_path, toml + "\n"))
+
+
+@pytest.mark.parametrize(
+    "listen",
+    ["127.0.0.1:0", "0.0.0.0:65535", "[::1]:50051", "[::]:0", "localhost:50051", "unix:/tmp/s"],
+)
+def test_valid_listen_addresses(listen: str) -> None:
+    assert load_config(flags={"listen": listen}).listen == listen
+
+
+def test_choices_are_case_insensitive() -> None:
+    assert load_config(environ={"STRATAD_LOG_LEVEL": "DEBUG"}).log_level == "debug"
+
+
+def test_toml_integer_for_float_option(tmp_path: Path) -> None:
+    assert load_config(config_file=write_toml(tmp_path, "grace_period = 5\n")).grace_period == 5.0
+
+
+def test_direct_construction_is_validated_too() -> None:
+    with pytest.raises(ConfigError, match="fsync_interval_ms"):
+        Config(fsync_interval_ms=0)
+    assert Config(data_dir="/x").data_dir == Path("/x")  # type: ignore[arg-type]
+
+
+def test_empty_data_dir_is_invalid(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="data_dir"):
+        load_config(flags={"data_dir": ""})
+    with pytest.raises(ConfigError, match="data_dir"):
+        load_config(config_file=write_toml(tmp_path, 'data_dir = ""\n'))
+
+
+def test_unknown_flag_name_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="bogus"):
+        load_config(flags={"bogus": "1"})
