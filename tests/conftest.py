@@ -12,6 +12,8 @@
   temporary data directory and returns an `InProcessServer` (``.target``,
   ``.server``, ``.resources``, ``.run(coro)``, ``.stop(grace)``); every server
   still running at the end of the test is stopped.
+
+``--runslow`` also runs the tests marked ``@pytest.mark.slow`` (skipped otherwise).
 """
 
 from __future__ import annotations
@@ -42,6 +44,22 @@ FAST_RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 50),
     ("grpc.max_reconnect_backoff_ms", 250),
 ]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--runslow", action="store_true", default=False, help="also run @pytest.mark.slow tests"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip @pytest.mark.slow tests unless --runslow was given."""
+    if config.getoption("--runslow"):
+        return
+    skip_slow = pytest.mark.skip(reason="slow test: run with --runslow")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip_slow)
 
 
 def find_free_port() -> int:
