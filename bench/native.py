@@ -19,11 +19,8 @@ seconds get fewer repetitions (a time budget per measurement).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import heapq
-import os
-import platform
 import random
 import statistics
 import sys
@@ -43,19 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _workload  # noqa: E402
 import reference as ref  # noqa: E402
+from _report import DOC, fmt_time, machine_facts, markdown_table, write_section  # noqa: E402
 from fastcdc.fastcdc_cy import fastcdc_cy  # noqa: E402
 from fastcdc.fastcdc_py import fastcdc_py  # noqa: E402
 from stratad import native  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 HEADING = "## Native core (bench/native.py)"
-DOC_INTRO = (
-    "# Benchmarks\n\n"
-    "Numbers measured by the scripts under `bench/`, each of which prints a table and "
-    "rewrites its own section below. They are medians over repetitions on a shared "
-    "2-core machine, so treat differences under about 1.5x as noise; rerun a script "
-    "to refresh its section.\n"
-)
 MB = 1_000_000
 
 
@@ -100,26 +90,12 @@ class Row:
         return [
             self.operation,
             self.size,
-            _fmt_time(self.python),
-            _fmt_time(self.rust),
+            fmt_time(self.python),
+            fmt_time(self.rust),
             f"{self.speedup:.1f}x",
             target,
             met,
         ]
-
-
-def _fmt_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} µs"
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------
@@ -163,7 +139,7 @@ class Phase:
 
     def cells(self) -> list[str]:
         speedup = f"{self.python / self.rust:.1f}x"
-        return [self.phase, self.size, _fmt_time(self.python), _fmt_time(self.rust), speedup]
+        return [self.phase, self.size, fmt_time(self.python), fmt_time(self.rust), speedup]
 
 
 def bench_chunking(sizes_mb: Sequence[int], reps: int) -> tuple[list[Row], list[Phase]]:
@@ -377,20 +353,6 @@ def bench_generalize(count: int, reps: int) -> list[Row]:
 # --------------------------------------------------------------------------
 
 
-def machine_facts() -> str:
-    cpu = "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return (
-        f"{dt.date.today().isoformat()}, nproc {os.cpu_count()}, {cpu}, "
-        f"Python {platform.python_version()}, {platform.system()} {platform.machine()}"
-    )
-
-
 def explain_chunking(rows: Sequence[Row], phases: Sequence[Phase]) -> str:
     """Why (a) misses its target, from the measured phases (empty if it does not)."""
     missed = [r for r in rows if r.operation.startswith("(a)") and r.speedup < (r.target or 0)]
@@ -403,19 +365,19 @@ def explain_chunking(rows: Sequence[Row], phases: Sequence[Phase]) -> str:
     floor = zstd.python + chunk.rust + digest.rust  # zstd cannot get faster in Rust
     return (
         "**Why (a) misses 10x against the Cython stack.** That stack is compiled code "
-        f"end to end. At {size}, zstd level 3 takes {_fmt_time(zstd.python)} of its "
-        f"{_fmt_time(total.python)}, and it is the same libzstd 1.5 that the Rust core "
+        f"end to end. At {size}, zstd level 3 takes {fmt_time(zstd.python)} of its "
+        f"{fmt_time(total.python)}, and it is the same libzstd 1.5 that the Rust core "
         "links (the `zstandard` wheel and the `zstd` crate both build it from C), at "
         "the same speed once a context is reused; chunking (Cython "
-        f"{_fmt_time(chunk.python)}) and BLAKE3 (the `blake3` package, itself Rust, "
-        f"{_fmt_time(digest.python)}) are native too. A single-threaded core can at best "
-        f"take {_fmt_time(floor)} (Python's zstd time plus Rust's chunking and digests), "
+        f"{fmt_time(chunk.python)}) and BLAKE3 (the `blake3` package, itself Rust, "
+        f"{fmt_time(digest.python)}) are native too. A single-threaded core can at best "
+        f"take {fmt_time(floor)} (Python's zstd time plus Rust's chunking and digests), "
         f"{total.python / floor:.1f}x faster; the Rust core removes the per-chunk Python "
         "loop and framing, which is the rest of the gap. Against the pure-Python chunkers, "
         f"where the chunker dominates, (a) is {_speedups(rows, 'fastcdc pure Python')} "
         f"faster than the `fastcdc` package's pure-Python mode and "
         f"{_speedups(rows, 'reference port')} faster than the reference port. 10x against "
-        f"the Cython stack means {_fmt_time(total.python / 10)}, below zstd level 3's own "
+        f"the Cython stack means {fmt_time(total.python / 10)}, below zstd level 3's own "
         "time even if `prepare_chunks` (single-threaded today) compressed on both cores; "
         "a cheaper level would not help either, since it speeds up both stacks alike. "
         "The target holds against a pure-Python chunker, not against compiled Python "
@@ -476,18 +438,6 @@ def report(rows: Sequence[Row], phases: Sequence[Phase], notes: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_section(section: str) -> None:
-    text = DOC.read_text() if DOC.exists() else DOC_INTRO
-    start = text.find(HEADING)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(HEADING))
-        rest = "" if end < 0 else "\n" + text[end + 1 :]
-        text = text[:start] + section + rest
-    DOC.write_text(text)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, no doc")
@@ -500,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     section = report(rows, phases, notes)
     print(section)
     if not args.quick:
-        write_section(section)
+        write_section(HEADING, section)
         print(f"wrote {DOC.relative_to(ROOT)}")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,12 +100,11 @@ class Checkpoints:
         self._validate_save(inp)
         live = self.sessions.live(tenant, session_id)
         for _ in range(3):  # a base collected by a concurrent GC: prepare again
-            stored, size, digest = self._prepare(live, inp)
+            prepared = self._prepare(live, inp)
+            build = functools.partial(self._save_mutation, inp=inp, prepared=prepared)
             try:
                 return self.sessions.mutate_live(  # type: ignore[no-any-return]
-                    live,
-                    inp.expected_version,
-                    lambda live, v, at: self._save_mutation(live, v, at, inp, stored, size, digest),
+                    live, inp.expected_version, build
                 )
             except StaleBaseError:
                 continue
@@ -202,11 +202,11 @@ class Checkpoints:
         live: LiveSession,
         version: int,
         at: float,
+        *,
         inp: SaveInput,
-        stored: StoredState,
-        size: int,
-        digest: str,
+        prepared: tuple[StoredState, int, str],
     ) -> Mutation:
+        stored, size, digest = prepared
         require_status(live, SessionStatus.ACTIVE, SessionStatus.PAUSED)
         checkpoint_id = self._new_checkpoint_id(live, inp.checkpoint_id)
         parent = self._parent(live, inp)
@@ -226,7 +226,7 @@ class Checkpoints:
             root=stored.root,
             root_kind=stored.root_kind,
             stored_bytes=sum(len(frame) for _, frame in inline),
-            structured=copy.deepcopy(live.state.structured),
+            structured=copy.deepcopy(live.state.structured) if live.state.structured else {},
         )
         dropped = retention_drops(live, at, keep=checkpoint_id)
         return save_mutation(checkpoint, version, at, inline, dropped)
@@ -458,6 +458,8 @@ def latest(live: LiveSession, namespace: str) -> Checkpoint | None:
 def retention_drops(live: LiveSession, now: float, *, keep: str) -> list[str]:
     """Unnamed checkpoints beyond keep_last or older than max_age (never the head)."""
     state = live.state
+    if not state.keep_last and not state.max_age_seconds:
+        return []
     protected = {keep, state.head}
     unnamed = [c for c in state.checkpoints.values() if not c.pinned]
     dropped = []
@@ -528,4 +530,3 @@ def validate_metadata(metadata: dict[str, Any]) -> None:
 
 def _is_hex(s: str) -> bool:
     return all(c in "0123456789abcdef" for c in s)
-

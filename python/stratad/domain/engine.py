@@ -33,9 +33,7 @@ class Engine:
             max_object_bytes=max_state_bytes,
         )
         self.events = EventHub()
-        self.sessions = SessionManager(
-            self.store, self.events, compact_min_bytes=compact_min_bytes
-        )
+        self.sessions = SessionManager(self.store, self.events, compact_min_bytes=compact_min_bytes)
         self.checkpoints = Checkpoints(self.sessions, max_state_bytes=max_state_bytes)
         self.admin = Admin(self.sessions)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import enum
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from stratad.errors import DataLossError
@@ -48,7 +48,9 @@ class Checkpoint:
         return bool(self.name)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Not dataclasses.asdict: it deep-copies every value, and this runs on
+        # every save. Values are JSON-ready and never mutated after creation.
+        return dict(self.__dict__)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Checkpoint:
@@ -77,8 +79,10 @@ class SessionState:
         return self.checkpoints.get(self.head)
 
     def to_json(self) -> dict[str, Any]:
-        raw = asdict(self)
+        raw = dict(self.__dict__)
         raw["status"] = self.status.value
+        raw["labels"] = dict(self.labels)
+        raw["structured"] = copy.deepcopy(self.structured)
         raw["checkpoints"] = [c.to_json() for c in self.checkpoints.values()]
         return raw
 

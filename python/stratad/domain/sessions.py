@@ -129,6 +129,9 @@ class SessionManager:
         self._sessions: dict[tuple[str, str], LiveSession] = {}
         #: tenant -> checkpoint_id -> session_id (checkpoint IDs are tenant-unique).
         self._checkpoints: dict[str, dict[str, str]] = collections.defaultdict(dict)
+        #: Sessions whose journal outgrew its compaction threshold.
+        self._to_compact: dict[tuple[str, str], LiveSession] = {}
+        store.on_tick(self.compact_requested)
 
     # -- recovery --------------------------------------------------------------
 
@@ -143,8 +146,7 @@ class SessionManager:
                     continue
                 if entry.is_dir():
                     self._recover_session(tenant, entry, report)
-            if self.store.durability != "none":
-                tenant.objects.sync_pending()
+            self.store.persist_objects(tenant)
         return dict(report)
 
     def _recover_session(
@@ -317,9 +319,8 @@ class SessionManager:
         with live.lock:
             check_usable(live, allow_damaged=True)
             check_version(live, expected_version)
-            if self.store.durability != "none":
-                # Objects carried only by this journal must outlive it.
-                live.tenant.objects.sync_pending()
+            # Objects carried only by this journal must outlive it.
+            self.store.persist_objects(live.tenant)
             trash = live.path.with_name(f"{_TRASH_PREFIX}{session_id}-{time.time_ns()}")
             live.journal.close()
             live.path.rename(trash)
@@ -347,31 +348,47 @@ class SessionManager:
             mutation = build(live, live.state.version + 1, time.time())
             journal = live.journal
             offset = journal.append(mutation.record)
-            before = set(live.state.checkpoints)
             apply(live.state, mutation.record.kind, mutation.record.body)
-            self._reindex(live, before)
+            self._reindex(live, mutation.record)
             live.history.append(mutation.event)
             if journal.size > max(self.compact_min_bytes, 4 * live.snapshot_bytes):
-                self._compact(live)
+                with self._lock:
+                    self._to_compact[live.key] = live
         journal.sync(offset)
         self.hub.publish(live.key, mutation.event)
         return mutation.result
 
-    def _reindex(self, live: LiveSession, before: set[str]) -> None:
-        after = set(live.state.checkpoints)
-        if before == after:
+    def _reindex(self, live: LiveSession, record: Record) -> None:
+        """Keep the tenant's checkpoint_id -> session index in step with a record."""
+        body = record.body
+        added = [body["checkpoint"]["checkpoint_id"]] if "checkpoint" in body else []
+        removed = list(body.get("dropped", ()))
+        if record.kind == "delete_checkpoint":
+            removed.append(body["checkpoint_id"])
+        if not added and not removed:
             return
         with self._lock:
             index = self._checkpoints[live.tenant.name]
-            for gone in before - after:
+            for gone in removed:
                 index.pop(gone, None)
-            for new in after - before:
+            for new in added:
                 index[new] = live.state.session_id
+
+    def compact_requested(self) -> None:
+        """Background hook: compact the journals that outgrew their threshold."""
+        with self._lock:
+            todo, self._to_compact = list(self._to_compact.values()), {}
+        for live in todo:
+            # The bulk of the object fsyncs happen here, without the lock, so
+            # writers of the session are held up only by the final pass.
+            self.store.persist_objects(live.tenant)
+            with live.lock:
+                if not live.deleted and not live.damaged:
+                    self._compact(live)
 
     def _compact(self, live: LiveSession) -> None:
         """Replace the journal by one snapshot record (objects fsynced first)."""
-        if self.store.durability != "none":
-            live.tenant.objects.sync_pending()
+        self.store.persist_objects(live.tenant)
         old = live.journal
         old.sync_now()
         snapshot = Record(

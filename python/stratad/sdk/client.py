@@ -41,10 +41,19 @@ M = TypeVar("M")
 _RETRY_POLICY = {
     "methodConfig": [
         {
-            "name": [{"service": f"stratad.api.v1.{s}"} for s in (
-                "SessionService", "CheckpointService", "TaskService", "CognitiveStateService",
-                "AgentStateService", "ProfileService", "CrystalService", "AdminService",
-            )],  # fmt: skip
+            "name": [
+                {"service": f"stratad.api.v1.{s}"}
+                for s in (
+                    "SessionService",
+                    "CheckpointService",
+                    "TaskService",
+                    "CognitiveStateService",
+                    "AgentStateService",
+                    "ProfileService",
+                    "CrystalService",
+                    "AdminService",
+                )
+            ],
             "retryPolicy": {
                 "maxAttempts": 5,
                 "initialBackoff": "0.05s",
@@ -164,20 +173,29 @@ class Client:
     # -- sessions ----------------------------------------------------------------
 
     def create_session(
-        self, session_id: str = "", *, labels: dict[str, str] | None = None,
-        keep_last: int = 0, max_age_seconds: float = 0.0,
-    ) -> session_pb2.Session:  # fmt: skip
+        self,
+        session_id: str = "",
+        *,
+        labels: dict[str, str] | None = None,
+        keep_last: int = 0,
+        max_age_seconds: float = 0.0,
+    ) -> session_pb2.Session:
         request = session_pb2.CreateSessionRequest(
-            session_id=session_id, labels=labels or {},
-            retention=session_pb2.RetentionPolicy(keep_last=keep_last, max_age_seconds=max_age_seconds),
-        )  # fmt: skip
+            session_id=session_id,
+            labels=labels or {},
+            retention=session_pb2.RetentionPolicy(
+                keep_last=keep_last, max_age_seconds=max_age_seconds
+            ),
+        )
         return self.call(self.sessions.CreateSession, request).session  # type: ignore[no-any-return]
 
     def get_session(self, session_id: str) -> session_pb2.Session:
         request = session_pb2.GetSessionRequest(session_id=session_id)
         return self.call(self.sessions.GetSession, request).session  # type: ignore[no-any-return]
 
-    def list_sessions(self, prefix: str = "", page_size: int = 100) -> Iterator[session_pb2.Session]:
+    def list_sessions(
+        self, prefix: str = "", page_size: int = 100
+    ) -> Iterator[session_pb2.Session]:
         """Every session (following page tokens), ordered by ID."""
         token = ""
         while True:
@@ -256,9 +274,13 @@ class Client:
         return list(self.call(self.checkpoints.FindMissingChunks, request).missing)
 
     def pause_execution(
-        self, session_id: str, data: bytes | None = None, *, expected_version: int = 0,
+        self,
+        session_id: str,
+        data: bytes | None = None,
+        *,
+        expected_version: int = 0,
         **options: Any,
-    ) -> checkpoint_pb2.PauseExecutionResponse:  # fmt: skip
+    ) -> checkpoint_pb2.PauseExecutionResponse:
         """Pause the session, first saving `data` as a checkpoint when given."""
         if data is not None:
             saved = self.save_state(session_id, data, expected_version=expected_version, **options)
@@ -280,35 +302,52 @@ class Client:
         return self.call(self.checkpoints.ResumeExecution, request)  # type: ignore[no-any-return]
 
     def create_checkpoint(
-        self, session_id: str, name: str = "", *, metadata: dict[str, Any] | None = None,
-        checkpoint_id: str = "", expected_version: int = 0,
-    ) -> checkpoint_pb2.Checkpoint:  # fmt: skip
+        self,
+        session_id: str,
+        name: str = "",
+        *,
+        metadata: dict[str, Any] | None = None,
+        checkpoint_id: str = "",
+        expected_version: int = 0,
+    ) -> checkpoint_pb2.Checkpoint:
         request = checkpoint_pb2.CreateCheckpointRequest(
-            session_id=session_id, name=name, metadata=struct(metadata),
-            checkpoint_id=checkpoint_id, expected_version=expected_version,
-        )  # fmt: skip
+            session_id=session_id,
+            name=name,
+            metadata=struct(metadata),
+            checkpoint_id=checkpoint_id,
+            expected_version=expected_version,
+        )
         return self.call(self.checkpoints.CreateCheckpoint, request).checkpoint  # type: ignore[no-any-return]
 
     def restore_checkpoint(
         self, checkpoint_id: str, *, make_current: bool = False, expected_version: int = 0
     ) -> checkpoint_pb2.LoadStateResponse:
         request = checkpoint_pb2.RestoreCheckpointRequest(
-            checkpoint_id=checkpoint_id, make_current=make_current,
+            checkpoint_id=checkpoint_id,
+            make_current=make_current,
             expected_version=expected_version,
-        )  # fmt: skip
+        )
         return self.call(self.checkpoints.RestoreCheckpoint, request).state  # type: ignore[no-any-return]
 
     def list_checkpoints(
-        self, session_id: str, *, namespace: str | None = None,
-        metadata_filter: dict[str, Any] | None = None, before: str = "", page_size: int = 100,
-    ) -> Iterator[checkpoint_pb2.Checkpoint]:  # fmt: skip
+        self,
+        session_id: str,
+        *,
+        namespace: str | None = None,
+        metadata_filter: dict[str, Any] | None = None,
+        before: str = "",
+        page_size: int = 100,
+    ) -> Iterator[checkpoint_pb2.Checkpoint]:
         """Checkpoints newest first, following page tokens."""
         token = ""
         while True:
             request = checkpoint_pb2.ListCheckpointsRequest(
-                session_id=session_id, page_size=page_size, page_token=token,
-                metadata_filter=struct(metadata_filter), before=before,
-            )  # fmt: skip
+                session_id=session_id,
+                page_size=page_size,
+                page_token=token,
+                metadata_filter=struct(metadata_filter),
+                before=before,
+            )
             if namespace is not None:
                 request.namespace = namespace
             page = self.call(self.checkpoints.ListCheckpoints, request)
@@ -337,8 +376,9 @@ class Client:
         """Stream many saves; one response per request, in order (whole states)."""
         stream = self.checkpoints.SaveStates(
             (checkpoint_pb2.SaveStatesRequest(request=r) for r in requests),
-            timeout=timeout, metadata=self._metadata,
-        )  # fmt: skip
+            timeout=timeout,
+            metadata=self._metadata,
+        )
         try:
             yield from stream
         except grpc.RpcError as exc:
@@ -396,13 +436,20 @@ class AsyncClient:
             raise to_error(exc) from None
 
     async def create_session(
-        self, session_id: str = "", *, labels: dict[str, str] | None = None,
-        keep_last: int = 0, max_age_seconds: float = 0.0,
-    ) -> session_pb2.Session:  # fmt: skip
+        self,
+        session_id: str = "",
+        *,
+        labels: dict[str, str] | None = None,
+        keep_last: int = 0,
+        max_age_seconds: float = 0.0,
+    ) -> session_pb2.Session:
         request = session_pb2.CreateSessionRequest(
-            session_id=session_id, labels=labels or {},
-            retention=session_pb2.RetentionPolicy(keep_last=keep_last, max_age_seconds=max_age_seconds),
-        )  # fmt: skip
+            session_id=session_id,
+            labels=labels or {},
+            retention=session_pb2.RetentionPolicy(
+                keep_last=keep_last, max_age_seconds=max_age_seconds
+            ),
+        )
         return (await self.call(self.sessions.CreateSession, request)).session  # type: ignore[no-any-return]
 
     async def get_session(self, session_id: str) -> session_pb2.Session:
@@ -487,9 +534,13 @@ class AsyncClient:
         return list((await self.call(self.checkpoints.FindMissingChunks, request)).missing)
 
     async def pause_execution(
-        self, session_id: str, data: bytes | None = None, *, expected_version: int = 0,
+        self,
+        session_id: str,
+        data: bytes | None = None,
+        *,
+        expected_version: int = 0,
         **options: Any,
-    ) -> checkpoint_pb2.PauseExecutionResponse:  # fmt: skip
+    ) -> checkpoint_pb2.PauseExecutionResponse:
         saved = None
         if data is not None:
             saved = await self.save_state(
@@ -513,13 +564,21 @@ class AsyncClient:
         return await self.call(self.checkpoints.ResumeExecution, request)  # type: ignore[no-any-return]
 
     async def create_checkpoint(
-        self, session_id: str, name: str = "", *, metadata: dict[str, Any] | None = None,
-        checkpoint_id: str = "", expected_version: int = 0,
-    ) -> checkpoint_pb2.Checkpoint:  # fmt: skip
+        self,
+        session_id: str,
+        name: str = "",
+        *,
+        metadata: dict[str, Any] | None = None,
+        checkpoint_id: str = "",
+        expected_version: int = 0,
+    ) -> checkpoint_pb2.Checkpoint:
         request = checkpoint_pb2.CreateCheckpointRequest(
-            session_id=session_id, name=name, metadata=struct(metadata),
-            checkpoint_id=checkpoint_id, expected_version=expected_version,
-        )  # fmt: skip
+            session_id=session_id,
+            name=name,
+            metadata=struct(metadata),
+            checkpoint_id=checkpoint_id,
+            expected_version=expected_version,
+        )
         response = await self.call(self.checkpoints.CreateCheckpoint, request)
         return response.checkpoint  # type: ignore[no-any-return]
 
@@ -527,21 +586,30 @@ class AsyncClient:
         self, checkpoint_id: str, *, make_current: bool = False, expected_version: int = 0
     ) -> checkpoint_pb2.LoadStateResponse:
         request = checkpoint_pb2.RestoreCheckpointRequest(
-            checkpoint_id=checkpoint_id, make_current=make_current,
+            checkpoint_id=checkpoint_id,
+            make_current=make_current,
             expected_version=expected_version,
-        )  # fmt: skip
+        )
         return (await self.call(self.checkpoints.RestoreCheckpoint, request)).state  # type: ignore[no-any-return]
 
     async def list_checkpoints(
-        self, session_id: str, *, namespace: str | None = None,
-        metadata_filter: dict[str, Any] | None = None, before: str = "", page_size: int = 100,
-    ) -> AsyncIterator[checkpoint_pb2.Checkpoint]:  # fmt: skip
+        self,
+        session_id: str,
+        *,
+        namespace: str | None = None,
+        metadata_filter: dict[str, Any] | None = None,
+        before: str = "",
+        page_size: int = 100,
+    ) -> AsyncIterator[checkpoint_pb2.Checkpoint]:
         token = ""
         while True:
             request = checkpoint_pb2.ListCheckpointsRequest(
-                session_id=session_id, page_size=page_size, page_token=token,
-                metadata_filter=struct(metadata_filter), before=before,
-            )  # fmt: skip
+                session_id=session_id,
+                page_size=page_size,
+                page_token=token,
+                metadata_filter=struct(metadata_filter),
+                before=before,
+            )
             if namespace is not None:
                 request.namespace = namespace
             page = await self.call(self.checkpoints.ListCheckpoints, request)

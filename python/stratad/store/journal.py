@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from stratad.errors import DataLossError, ResourceExhaustedError, StratadError
+from stratad.store.fsync import fsync_dir
 
 _HEADER = struct.Struct("<II")
 _U32 = struct.Struct("<I")
@@ -234,14 +235,6 @@ def rewrite(path: Path, records: Iterator[Record] | list[Record]) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise storage_error(exc, "journal compaction") from exc
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

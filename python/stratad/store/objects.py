@@ -4,13 +4,15 @@
 docs/native.md): magic, sizes, the BLAKE3 digest of the uncompressed content
 and the zstd payload. Objects are written once and never modified.
 
-Durability without one fsync per object: every object a mutation writes is
-also carried inline in that mutation's journal record, and the journal record
-is what gets fsynced before the acknowledgement. The object file itself is
-written with temp file + rename but synced later, in batches (`sync_pending`),
-before the journal is compacted (which drops the inline copies). After a
-crash, recovery rewrites any object whose file is missing or damaged from the
-inline copy, so the pair (journal, objects) never loses an acknowledged byte.
+Durability without file work on the save path: every object a mutation adds
+is carried inline in that mutation's journal record, and the journal record is
+what gets fsynced before the acknowledgement. The object itself is kept in
+memory ("pending") and written to its file by the background syncer, which
+then fsyncs the files and their directories in batches; a journal compaction
+(which drops the inline copies) syncs first. After a crash, recovery rewrites
+any object whose file is missing or damaged from the journal's copy, so the
+pair (journal, objects) never loses an acknowledged byte. Creating a file
+costs more than the rest of a save together, hence this design.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from pathlib import Path
 
 from stratad import native
 from stratad.errors import CorruptObjectError, DataLossError, NotFoundError
-from stratad.store.journal import fsync_dir, storage_error
+from stratad.store.fsync import sync_files
+from stratad.store.journal import storage_error
 
 _TMP_SUFFIX = ".tmp"
 #: Verification decodes whatever size the (checked) header declares; this is a
 #: sanity bound, not a quota: quotas are enforced when data comes in.
 NO_SIZE_LIMIT = 1 << 40
+#: Pending (not yet written) object bytes above which writers flush themselves.
+MAX_PENDING_BYTES = 64 << 20
 
 
 class ObjectStore:
@@ -39,13 +44,18 @@ class ObjectStore:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._sizes: dict[str, int] = {}
+        # digest -> frame, for objects not yet written to their file.
+        self._pending: dict[str, bytes] = {}
+        self._pending_bytes = 0
         # digest -> session key of the journal that carries it inline, until
         # the object file itself is fsynced (see needs_inline).
         self._unsynced: dict[str, str] = {}
         # digest -> time it was written by this process; GC never removes
         # an object written after its mark phase started.
         self._written_at: dict[str, float] = {}
+        self._dirs: set[str] = set()
         self._scan()
 
     # -- index ---------------------------------------------------------------
@@ -55,6 +65,7 @@ class ObjectStore:
         for sub in self.root.iterdir():
             if not sub.is_dir() or len(sub.name) != 2:
                 continue
+            self._dirs.add(sub.name)
             for entry in os.scandir(sub):
                 if entry.name.endswith(_TMP_SUFFIX):
                     with contextlib.suppress(OSError):
@@ -99,15 +110,56 @@ class ObjectStore:
         """Store a framed object unless present; return the bytes added.
 
         The caller has verified that `frame` decodes to content with `digest`
-        and carries it inline in `owner`'s next journal record. The file is
-        not fsynced here (see the module docstring).
+        and carries it inline in `owner`'s next journal record. The object
+        stays in memory until `flush` writes it (see the module docstring).
         """
+        with self._lock:
+            if digest in self._sizes:
+                return 0
+            self._sizes[digest] = len(frame)
+            self._pending[digest] = frame
+            self._pending_bytes += len(frame)
+            self._unsynced[digest] = owner
+            self._written_at[digest] = time.time()
+            backlog = self._pending_bytes > MAX_PENDING_BYTES
+        if backlog:  # writers outpace the background syncer: help it
+            self.flush()
+        return len(frame)
+
+    def restore(self, digest: str, frame: bytes, owner: str) -> bool:
+        """Recovery: rewrite an object from its inline journal copy if needed."""
         if digest in self._sizes:
-            return 0
+            try:
+                if native.verify_frame(self.read_frame(digest), NO_SIZE_LIMIT) == digest:
+                    return False
+            except (DataLossError, CorruptObjectError):
+                pass
+            with self._lock:
+                self._sizes.pop(digest, None)
+        self.put(digest, frame, owner)
+        return True
+
+    def flush(self) -> list[str]:
+        """Write pending objects to their files (not fsynced); return their digests."""
+        with self._flush_lock:
+            with self._lock:
+                batch = list(self._pending.items())
+            for digest, frame in batch:
+                self._write_file(digest, frame)
+            with self._lock:
+                for digest, frame in batch:
+                    if self._pending.get(digest) is frame:
+                        del self._pending[digest]
+                        self._pending_bytes -= len(frame)
+            return [digest for digest, _ in batch]
+
+    def _write_file(self, digest: str, frame: bytes) -> None:
         path = self.path_of(digest)
-        tmp = path.with_name(f"{path.name}.{threading.get_ident()}{_TMP_SUFFIX}")
+        tmp = path.with_name(path.name + _TMP_SUFFIX)
         try:
-            path.parent.mkdir(exist_ok=True)
+            if digest[:2] not in self._dirs:
+                path.parent.mkdir(exist_ok=True)
+                self._dirs.add(digest[:2])
             with open(tmp, "wb") as f:
                 f.write(frame)
             os.replace(tmp, path)
@@ -115,51 +167,25 @@ class ObjectStore:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise storage_error(exc, "object write") from exc
-        with self._lock:
-            self._sizes[digest] = len(frame)
-            self._unsynced[digest] = owner
-            self._written_at[digest] = time.time()
-        return len(frame)
-
-    def restore(self, digest: str, frame: bytes, owner: str) -> bool:
-        """Recovery: rewrite an object from its inline journal copy if needed."""
-        path = self.path_of(digest)
-        try:
-            if native.verify_frame(path.read_bytes(), NO_SIZE_LIMIT) == digest:
-                self._sizes.setdefault(digest, path.stat().st_size)
-                return False
-        except (OSError, CorruptObjectError):
-            pass
-        self._sizes.pop(digest, None)
-        self.put(digest, frame, owner)
-        return True
 
     def sync_pending(self) -> int:
-        """fsync every object written since the last call, then their directories."""
+        """Write pending objects, then make every unsynced object file durable."""
+        self.flush()
         with self._lock:
-            pending = list(self._unsynced)
-        dirs = set()
-        for digest in pending:
-            path = self.path_of(digest)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue  # collected as garbage in the meantime
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            dirs.add(path.parent)
-        for d in dirs:
-            fsync_dir(d)
+            unsynced = [d for d in self._unsynced if d not in self._pending]
+        if unsynced:
+            sync_files(self.root, (self.path_of(d) for d in unsynced))
         with self._lock:
-            for digest in pending:
+            for digest in unsynced:
                 self._unsynced.pop(digest, None)
-        return len(pending)
+        return len(unsynced)
 
     # -- read ----------------------------------------------------------------
 
     def read_frame(self, digest: str) -> bytes:
+        pending = self._pending.get(digest)
+        if pending is not None:
+            return pending
         try:
             return self.path_of(digest).read_bytes()
         except FileNotFoundError:
@@ -197,6 +223,9 @@ class ObjectStore:
     def delete(self, digest: str) -> int:
         with self._lock:
             size = self._sizes.pop(digest, 0)
+            frame = self._pending.pop(digest, None)
+            if frame is not None:
+                self._pending_bytes -= len(frame)
             self._unsynced.pop(digest, None)
             self._written_at.pop(digest, None)
         with contextlib.suppress(FileNotFoundError):

@@ -7,8 +7,9 @@ Durability modes (see docs/storage.md):
   `fsync_interval`; a crash loses at most that window;
 - `none`: the OS decides; a crash of the machine (not of the daemon) may lose
   recent writes.
-In `fsync` and `interval` modes objects are fsynced in the background, and
-always before a journal compaction drops their inline copies.
+Objects are written to their files by the same background thread and fsynced
+(unless `none`) before a journal compaction drops the journal's inline copies
+of them, when a session is deleted, and at shutdown.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from stratad.domain.ids import validate_id
@@ -49,6 +51,7 @@ class Store:
         self._lock = threading.Lock()
         self._journals: weakref.WeakSet[Journal] = weakref.WeakSet()
         self._stop = threading.Event()
+        self._hooks: list[Callable[[], None]] = []
         self._syncer: threading.Thread | None = None
 
     # -- tenants -------------------------------------------------------------
@@ -79,17 +82,21 @@ class Store:
         self._journals.add(journal)
         return journal
 
-    def sync_objects(self) -> None:
-        """fsync objects written since the last call (skipped in `none` mode)."""
+    def persist_objects(self, tenant: TenantStore) -> None:
+        """Write a tenant's pending objects to their files; fsync them unless `none`."""
         if self.durability == "none":
-            return
-        for tenant in self.loaded_tenants():
+            tenant.objects.flush()
+        else:
             tenant.objects.sync_pending()
+
+    def sync_objects(self) -> None:
+        for tenant in self.loaded_tenants():
+            self.persist_objects(tenant)
 
     # -- background syncing --------------------------------------------------
 
     def start(self) -> None:
-        if self.durability == "none" or self._syncer is not None:
+        if self._syncer is not None:
             return
         self._syncer = threading.Thread(target=self._sync_loop, name="stratad-sync", daemon=True)
         self._syncer.start()
@@ -101,12 +108,21 @@ class Store:
             except Exception:  # keep syncing; a failing disk is reported by writes
                 log.exception("background sync failed")
 
+    def on_tick(self, hook: Callable[[], None]) -> None:
+        """Run `hook` on the background thread at every tick (e.g. compactions)."""
+        self._hooks.append(hook)
+
     def _sync_once(self) -> None:
         if self.durability == "interval":
             for journal in list(self._journals):
                 if journal.dirty:
                     journal.sync_now()
+        # Write pending objects to their files and make them durable in one
+        # batch (store/fsync.py): until then the journal's copy covers them.
+        # Nothing of this is on the save path.
         self.sync_objects()
+        for hook in self._hooks:
+            hook()
 
     def close(self) -> None:
         self._stop.set()

@@ -211,4 +211,3 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             self.engine.checkpoints.find_missing, tenant_of(context), list(request.digests)
         )
         return checkpoint_pb2.FindMissingChunksResponse(missing=missing)
-

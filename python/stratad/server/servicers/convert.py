@@ -37,7 +37,11 @@ def dict_to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
 
 
 def status_to_pb(status: SessionStatus | str) -> int:
-    return _STATUS_TO_PB.get(SessionStatus(status), common_pb2.SESSION_STATUS_UNSPECIFIED) if status else 0
+    return (
+        _STATUS_TO_PB.get(SessionStatus(status), common_pb2.SESSION_STATUS_UNSPECIFIED)
+        if status
+        else 0
+    )
 
 
 def session_to_pb(info: SessionInfo) -> session_pb2.Session:

@@ -1,0 +1,74 @@
+"""Start and stop real `stratad serve` daemons (and an echo baseline) for benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_serving(address: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing serving at {address} after {timeout} s")
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def process(args: Sequence[str], address: str) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_serving(address)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def daemon(data_dir: Path, *extra: str) -> Iterator[str]:
+    """A `stratad serve` subprocess on a free loopback port; yields its address."""
+    address = f"127.0.0.1:{free_port()}"
+    args = [sys.executable, "-m", "stratad", "serve", "--listen", address]
+    args += ["--data-dir", str(data_dir), "--log-level", "warning", *extra]
+    with process(args, address):
+        yield address
+
+
+@contextlib.contextmanager
+def echo_server() -> Iterator[str]:
+    """A bare grpc.aio server echoing a small reply: the transport ceiling."""
+    address = f"127.0.0.1:{free_port()}"
+    args = [sys.executable, str(Path(__file__).resolve().parent / "_echo.py"), address]
+    with process(args, address):
+        yield address

@@ -1,0 +1,369 @@
+"""Checkpoint storage: stratad through gRPC beside LangGraph's SqliteSaver and a bare echo server.
+
+(a) The growing conversation (DESIGN.md section 8) at 500 and 2,000 steps:
+    bytes on disk and checkpoints/s for stratad (a daemon subprocess, fsync on,
+    the Python SDK with chunked uploads) and for LangGraph's SqliteSaver storing
+    the same payloads in-process, in the same run.
+(b) 16 concurrent clients saving 8 KB states to 16 sessions, unary SaveState
+    and the SaveStates stream, beside a bare gRPC echo server (the transport
+    ceiling of this machine) driven by the same client code in the same run.
+
+Usage: python bench/checkpoints.py [--quick]   (--quick: small sizes, no doc update)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import grpc.aio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _workload
+import stratad
+from _daemon import daemon, echo_server
+from _report import (
+    DOC,
+    disk_usage,
+    fmt_bytes,
+    machine_facts,
+    markdown_table,
+    median,
+    percentile,
+    write_section,
+)
+from stratad.api.v1 import checkpoint_pb2
+
+HEADING = "## Checkpoints (bench/checkpoints.py)"
+
+# --------------------------------------------------------------------------
+# (a) the growing conversation
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class GrowingResult:
+    store: str
+    steps: int
+    seconds: float  # time spent inside save calls only
+    apparent: int
+    allocated: int
+    logical: int
+
+    @property
+    def cps(self) -> float:
+        return self.steps / self.seconds
+
+
+def run_stratad(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        with daemon(data_dir) as address, stratad.Client(address) as client:
+            client.create_session("conversation")
+            spent = 0.0
+            logical = 0
+            for state in states():
+                started = time.perf_counter()
+                client.save_state("conversation", state, content_type="application/json")
+                spent += time.perf_counter() - started
+                logical += len(state)
+            last = client.load_state("conversation")
+            assert last.data == state, "stratad returned other bytes than saved"
+            apparent, allocated = disk_usage(data_dir)
+        return GrowingResult("stratad (gRPC, fsync)", steps, spent, apparent, allocated, logical)
+
+
+def run_sqlite(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "checkpoints.db"
+        conn = sqlite3.connect(path, check_same_thread=False)
+        saver = SqliteSaver(conn)
+        config = {"configurable": {"thread_id": "conversation", "checkpoint_ns": ""}}
+        spent = 0.0
+        logical = 0
+        for i, state in enumerate(states()):
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"state": state}
+            checkpoint["channel_versions"] = {"state": i + 1}
+            started = time.perf_counter()
+            config = saver.put(config, checkpoint, {"step": i}, {"state": i + 1})  # type: ignore[arg-type]
+            spent += time.perf_counter() - started
+            logical += len(state)
+        conn.close()
+        apparent, allocated = disk_usage(Path(tmp))
+    return GrowingResult(
+        "LangGraph SqliteSaver (in-process)", steps, spent, apparent, allocated, logical
+    )
+
+
+def bench_growing(step_counts: Sequence[int]) -> list[GrowingResult]:
+    results = []
+    for steps in step_counts:
+
+        def states(steps: int = steps) -> Iterator[bytes]:
+            return _workload.conversation_states(steps)
+
+        results.append(run_stratad(steps, states))
+        results.append(run_sqlite(steps, states))
+        for r in results[-2:]:
+            print(f"  {r.store} @ {steps}: {r.cps:.0f} cps, {fmt_bytes(r.apparent)}", flush=True)
+    return results
+
+
+def growing_table(results: Sequence[GrowingResult]) -> str:
+    rows = []
+    by_steps: dict[int, dict[str, GrowingResult]] = {}
+    for r in results:
+        by_steps.setdefault(r.steps, {})[r.store] = r
+    for steps, pair in by_steps.items():
+        ours = next(r for name, r in pair.items() if name.startswith("stratad"))
+        sqlite = next(r for name, r in pair.items() if name.startswith("LangGraph"))
+        for r in (ours, sqlite):
+            rows.append([
+                str(steps), r.store, fmt_bytes(r.logical), fmt_bytes(r.apparent),
+                fmt_bytes(r.allocated), f"{r.cps:.0f}",
+            ])  # fmt: skip
+        rows.append([
+            str(steps), "**ratio** (SqliteSaver / stratad bytes; stratad / SqliteSaver cps)", "",
+            f"**{sqlite.apparent / ours.apparent:.0f}x** fewer",
+            f"**{sqlite.allocated / ours.allocated:.0f}x** fewer",
+            f"**{ours.cps / sqlite.cps:.2f}x**",
+        ])  # fmt: skip
+    headers = ["steps", "store", "logical bytes", "on disk (file sizes)", "on disk (allocated)",
+               "checkpoints/s"]  # fmt: skip
+    return markdown_table(headers, rows)
+
+
+# --------------------------------------------------------------------------
+# (b) 16 concurrent clients, 8 KB states
+# --------------------------------------------------------------------------
+
+STATE_BYTES = 8 << 10
+CLIENTS = 16
+WINDOW = 16  # requests in flight per stream
+
+
+@dataclass
+class ConcurrencyResult:
+    name: str
+    calls: int
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def throughput(self) -> float:
+        return self.calls / self.seconds
+
+
+def eight_kb_state(client: int, i: int) -> bytes:
+    """Distinct 8 KB JSON-like states (no two alike, so nothing dedups away)."""
+    base = _workload.state_of_size(STATE_BYTES)
+    tag = f'{{"client":{client},"i":{i}}}'.encode()
+    return tag + base[len(tag) :]
+
+
+async def drive(
+    name: str, per_client: int, one: Callable[[int, int], Awaitable[None]]
+) -> ConcurrencyResult:
+    latencies: list[float] = []
+
+    async def client(c: int) -> None:
+        for i in range(per_client):
+            started = time.perf_counter()
+            await one(c, i)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(CLIENTS)))
+    return ConcurrencyResult(name, CLIENTS * per_client, time.perf_counter() - started, latencies)
+
+
+async def echo_unary(address: str, per_client: int) -> ConcurrencyResult:
+    channels = [grpc.aio.insecure_channel(address) for _ in range(CLIENTS)]
+    calls = [ch.unary_unary("/bench.Echo/Unary") for ch in channels]
+    payloads = {c: eight_kb_state(c, 0) for c in range(CLIENTS)}
+
+    async def one(c: int, i: int) -> None:
+        await calls[c](payloads[c], timeout=30)
+
+    try:
+        return await drive("echo server, unary", per_client, one)
+    finally:
+        for ch in channels:
+            await ch.close()
+
+
+async def stratad_unary(address: str, per_client: int) -> ConcurrencyResult:
+    clients = [stratad.AsyncClient(address, chunked_uploads=False) for _ in range(CLIENTS)]
+    for c, client in enumerate(clients):
+        await client.create_session(f"unary-{c}")
+
+    async def one(c: int, i: int) -> None:
+        await clients[c].save_state(f"unary-{c}", eight_kb_state(c, i))
+
+    try:
+        return await drive("stratad SaveState, unary", per_client, one)
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def stream_bench(
+    name: str, address: str, per_client: int, method: str,
+    request_of: Callable[[int, int], object], serializer: Callable[[object], bytes] | None,
+    deserializer: Callable[[bytes], object] | None,
+) -> ConcurrencyResult:  # fmt: skip
+    channels = [grpc.aio.insecure_channel(address) for _ in range(CLIENTS)]
+    latencies: list[float] = []
+
+    async def client(c: int) -> None:
+        call = channels[c].stream_stream(
+            method, request_serializer=serializer, response_deserializer=deserializer
+        )()
+        sent: list[float] = []
+        window = asyncio.Semaphore(WINDOW)
+
+        async def reader() -> None:
+            for i in range(per_client):
+                reply = await call.read()
+                assert reply is not grpc.aio.EOF
+                if getattr(reply, "HasField", None) and reply.HasField("error"):
+                    raise RuntimeError(reply.error.message)
+                latencies.append(time.perf_counter() - sent[i])
+                window.release()
+
+        reading = asyncio.ensure_future(reader())
+        for i in range(per_client):
+            await window.acquire()
+            sent.append(time.perf_counter())
+            await call.write(request_of(c, i))
+        await call.done_writing()
+        await reading
+
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(client(c) for c in range(CLIENTS)))
+    finally:
+        for ch in channels:
+            await ch.close()
+    return ConcurrencyResult(name, CLIENTS * per_client, time.perf_counter() - started, latencies)
+
+
+async def stratad_stream(address: str, per_client: int) -> ConcurrencyResult:
+    async with stratad.AsyncClient(address) as client:
+        for c in range(CLIENTS):
+            await client.create_session(f"stream-{c}")
+
+    def request_of(c: int, i: int) -> object:
+        return checkpoint_pb2.SaveStatesRequest(
+            request=checkpoint_pb2.SaveStateRequest(
+                session_id=f"stream-{c}", data=eight_kb_state(c, i)
+            )
+        )
+
+    return await stream_bench(
+        "stratad SaveStates, stream", address, per_client,
+        "/stratad.api.v1.CheckpointService/SaveStates", request_of,
+        checkpoint_pb2.SaveStatesRequest.SerializeToString,
+        checkpoint_pb2.SaveStatesResponse.FromString,
+    )  # fmt: skip
+
+
+async def echo_stream(address: str, per_client: int) -> ConcurrencyResult:
+    payloads = {c: eight_kb_state(c, 0) for c in range(CLIENTS)}
+    return await stream_bench(
+        "echo server, stream", address, per_client, "/bench.Echo/Stream",
+        lambda c, i: payloads[c], None, None,
+    )  # fmt: skip
+
+
+def bench_concurrency(per_client: int) -> list[ConcurrencyResult]:
+    results = []
+    with echo_server() as echo:
+        results.append(asyncio.run(echo_unary(echo, per_client)))
+        results.append(asyncio.run(echo_stream(echo, per_client)))
+    with tempfile.TemporaryDirectory() as tmp, daemon(Path(tmp) / "data") as address:
+        results.append(asyncio.run(stratad_unary(address, per_client)))
+        results.append(asyncio.run(stratad_stream(address, per_client)))
+    for r in results:
+        print(f"  {r.name}: {r.throughput:.0f}/s", flush=True)
+    return results
+
+
+def concurrency_table(results: Sequence[ConcurrencyResult]) -> str:
+    rows = [
+        [r.name, str(r.calls), f"{r.throughput:.0f}", f"{median(r.latencies) * 1e3:.2f}",
+         f"{percentile(r.latencies, 0.99) * 1e3:.2f}"]
+        for r in results
+    ]  # fmt: skip
+    return markdown_table(["path", "calls", "calls/s", "p50 ms", "p99 ms"], rows)
+
+
+def targets(growing: Sequence[GrowingResult], conc: Sequence[ConcurrencyResult]) -> str:
+    by = {(r.store.split()[0], r.steps): r for r in growing}
+    lines = []
+    top = max(r.steps for r in growing)
+    ours, sq = by[("stratad", top)], by[("LangGraph", top)]
+    ratio = sq.apparent / ours.apparent
+    lines.append(f"- bytes at {top} steps: {ratio:.0f}x fewer than SqliteSaver "
+                 f"(target >= 100x): {'met' if ratio >= 100 else 'NOT met'}")  # fmt: skip
+    low = min(r.steps for r in growing)
+    ours, sq = by[("stratad", low)], by[("LangGraph", low)]
+    lines.append(f"- checkpoints/s at {low} steps: {ours.cps / sq.cps:.2f}x SqliteSaver "
+                 f"(target >= 1x): {'met' if ours.cps >= sq.cps else 'NOT met'}")  # fmt: skip
+    named = {r.name: r for r in conc}
+    unary = named["stratad SaveState, unary"].throughput
+    echo = named["echo server, unary"].throughput
+    stream = named["stratad SaveStates, stream"].throughput
+    lines.append(f"- unary: {unary / echo:.2f}x the echo baseline (target >= 0.6x): "
+                 f"{'met' if unary >= 0.6 * echo else 'NOT met'}")  # fmt: skip
+    lines.append(f"- streaming: {stream / unary:.2f}x unary (target >= 3x): "
+                 f"{'met' if stream >= 3 * unary else 'NOT met'}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes; do not update the doc")
+    args = parser.parse_args(argv)
+    steps = (100, 200) if args.quick else (500, 2000)
+    per_client = 20 if args.quick else 200
+    print("(a) growing conversation", flush=True)
+    growing = bench_growing(steps)
+    print("(b) 16 concurrent clients, 8 KB states", flush=True)
+    conc = bench_concurrency(per_client)
+    section = "\n".join([
+        HEADING, "",
+        f"Command: `python bench/checkpoints.py`. Measured {machine_facts()}.",
+        "stratad runs as a daemon subprocess with durability `fsync` (every acknowledged",
+        "save is on disk); SqliteSaver runs in the benchmark's own process. Only the time",
+        "inside the save calls counts; the states are generated outside it.", "",
+        "### (a) The growing conversation (DESIGN.md section 8)", "",
+        growing_table(growing), "",
+        f"### (b) {CLIENTS} concurrent clients, 8 KB states, {CLIENTS} sessions", "",
+        f"Streams keep {WINDOW} requests in flight each. The echo server answers 64 bytes",
+        "with no work: it is the ceiling of Python gRPC on this machine.", "",
+        concurrency_table(conc), "",
+        "### Targets", "",
+        targets(growing, conc), "",
+    ])  # fmt: skip
+    print(section)
+    if not args.quick:
+        write_section(HEADING, section)
+        print(f"wrote {DOC}")
+
+
+if __name__ == "__main__":
+    main()
