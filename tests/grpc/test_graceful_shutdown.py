@@ -27,7 +27,8 @@ class Slow:
         self.entered.set()
         await self.resources.stopping.wait()
         response = await self.health.Check(health_pb2.HealthCheckRequest(service=""), context)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status).encode()
+        name: str = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+        return name.encode()
 
 
 def registration(instances: list[Slow]) -> ServiceRegistration:

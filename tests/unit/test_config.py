@@ -156,16 +156,19 @@ def test_config_error_is_an_invalid_argument_error() -> None:
 def test_invalid_values_name_the_key_and_source(
     tmp_path: Path, layer: str, key: str, value: str
 ) -> None:
+    flags: dict[str, object | None] = {}
+    environ: dict[str, str] = {}
+    path: Path | None = None
     if layer == "flag":
-        load, source = lambda: load_config(flags={key: value}), f"--{key.replace('_', '-')}"
+        flags, source = {key: value}, f"--{key.replace('_', '-')}"
     elif layer == "env":
-        env_var = f"STRATAD_{key.upper()}"
-        load, source = lambda: load_config(environ={env_var: value}), env_var
+        source = f"STRATAD_{key.upper()}"
+        environ = {source: value}
     else:
         path = write_toml(tmp_path, f"{key} = {value!r}\n")
-        load, source = lambda: load_config(config_file=path), str(path)
+        source = str(path)
     with pytest.raises(ConfigError) as excinfo:
-        load()
+        load_config(flags, environ, path)
     assert key in excinfo.value.message
     assert source in excinfo.value.message
 
