@@ -71,13 +71,20 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
                 history = list(live.history)
                 current = live.state.version
             last = request.from_version or current
-            for event in _replay(history, request.from_version, current):
-                last = event.version
-                yield _response(request.session_id, event)
+            for replayed in _replay(history, request.from_version, current):
+                last = replayed.version
+                yield _response(request.session_id, replayed)
             while (event := await self._next(sub.queue)) is not None:
-                if event.version > last:
-                    last = event.version
-                    yield _response(request.session_id, event)
+                if event.version <= last:
+                    continue
+                # Writers publish after their fsync, outside the session lock, so
+                # events may arrive out of order; the history has them in order.
+                with live.lock:
+                    pending = [e for e in live.history if last < e.version <= event.version]
+                pending = pending or [event]
+                for missed in pending:
+                    last = missed.version
+                    yield _response(request.session_id, missed)
         finally:
             self.engine.events.unsubscribe(sub)
 
