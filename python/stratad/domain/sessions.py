@@ -33,6 +33,7 @@ from stratad.errors import (
     VersionConflictError,
 )
 from stratad.store import journal as journal_mod
+from stratad.store.fsync import fsync_dir
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
 from stratad.store.tenant import TenantStore
@@ -300,7 +301,7 @@ class SessionManager:
             with live.lock:
                 create = Record("create", {"v": 1, "at": now, "state": state.to_json()})
                 offset = journal.append(create)
-                journal_mod.fsync_dir(path.parent)
+                fsync_dir(path.parent)
                 live.history.append(event_of(create))
         except Exception:
             with self._lock:
@@ -324,7 +325,7 @@ class SessionManager:
             trash = live.path.with_name(f"{_TRASH_PREFIX}{session_id}-{time.time_ns()}")
             live.journal.close()
             live.path.rename(trash)
-            journal_mod.fsync_dir(live.path.parent)
+            fsync_dir(live.path.parent)
             live.deleted = True
             with self._lock:
                 self._sessions.pop(live.key, None)
@@ -450,9 +451,12 @@ def encode_token(last: str) -> str:
 
 
 def decode_token(token: str) -> str:
+    """The ID a page token carries; anything but a token `encode_token` made is refused."""
     if not token:
         return ""
     try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, UnicodeDecodeError):
+        # validate=True: the lenient default skips foreign characters ("!!!!" -> "").
+        last = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+        return validate_id(last, "page_token")
+    except (ValueError, UnicodeDecodeError, InvalidArgumentError):
         raise InvalidArgumentError("page_token is not a token this server issued") from None
