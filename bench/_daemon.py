@@ -12,8 +12,9 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import grpc.aio
+
+import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

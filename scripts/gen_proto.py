@@ -7,7 +7,7 @@
 Every ``*.proto`` under ``proto/`` is compiled with proto root ``proto`` and
 output root ``python``, so ``proto/stratad/api/v1/x.proto`` becomes
 ``python/stratad/api/v1/x_pb2.py`` (+ ``.pyi`` from mypy-protobuf and
-``x_pb2_grpc.py``) importable as ``stratad.api.v1.x_pb2``.
+``x_pb2_grpc.py`` + ``.pyi``) importable as ``stratad.api.v1.x_pb2``.
 
 Both modes generate into a temporary directory first, so ``--check`` compares
 exactly what a regeneration would write. The output depends on the versions
@@ -30,7 +30,7 @@ OUT_ROOT = ROOT / "python"
 # Generated files are only ever written below this package, and stale ones
 # (whose .proto was deleted) are only ever removed from below it.
 GENERATED_PACKAGE = OUT_ROOT / "stratad" / "api"
-GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 INIT_TEXT = '"""Generated protobuf code: do not edit, run scripts/gen_proto.py."""\n'
 
 
@@ -39,14 +39,14 @@ def find_protos() -> list[Path]:
     return sorted(p.relative_to(PROTO_ROOT) for p in PROTO_ROOT.rglob("*.proto"))
 
 
-def find_mypy_plugin() -> Path:
-    """protoc-gen-mypy from the running interpreter's environment, else PATH."""
-    candidate = Path(sys.executable).parent / "protoc-gen-mypy"
+def find_mypy_plugin(name: str = "protoc-gen-mypy") -> Path:
+    """A mypy-protobuf plugin from the running interpreter's environment, else PATH."""
+    candidate = Path(sys.executable).parent / name
     if candidate.is_file():
         return candidate
-    found = shutil.which("protoc-gen-mypy")
+    found = shutil.which(name)
     if found is None:
-        sys.exit("gen_proto: protoc-gen-mypy not found (pip install mypy-protobuf)")
+        sys.exit(f"gen_proto: {name} not found (pip install mypy-protobuf)")
     return Path(found)
 
 
@@ -63,9 +63,11 @@ def run_protoc(protos: list[Path], out_dir: Path) -> None:
         f"--proto_path={PROTO_ROOT}",
         f"--proto_path={well_known}",
         f"--plugin=protoc-gen-mypy={find_mypy_plugin()}",
+        f"--plugin=protoc-gen-mypy_grpc={find_mypy_plugin('protoc-gen-mypy_grpc')}",
         f"--python_out={out_dir}",
         f"--mypy_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
         *(str(p) for p in protos),
     ]
     if protoc.main(args) != 0:

@@ -102,33 +102,32 @@ def read_records(path: Path) -> ReplayResult:
     records: list[Record] = []
     pos = 0
     while pos < len(data):
-        record_end = _record_end(data, pos)
-        if record_end is None:
+        found = _read_record(data, pos)
+        if found is None:
             break
-        records.append(Record.decode_payload(data[pos + _HEADER.size : record_end]))
-        pos = record_end
+        record, pos = found
+        records.append(record)
     rest = len(data) - pos
     if rest and not _is_torn_tail(data, pos):
         return ReplayResult(records, pos, 0, corrupt_at=pos)
     return ReplayResult(records, pos, rest)
 
 
-def _record_end(data: bytes, pos: int) -> int | None:
-    """End offset of the valid record starting at `pos`, or None."""
+def _read_record(data: bytes, pos: int) -> tuple[Record, int] | None:
+    """The valid record starting at `pos` and the offset after it, or None."""
     if len(data) - pos < _HEADER.size:
         return None
     length, crc = _HEADER.unpack_from(data, pos)
-    end = pos + _HEADER.size + length
+    end: int = pos + _HEADER.size + length
     if length < 4 or length > MAX_RECORD_BYTES or end > len(data):
         return None
     payload = data[pos + _HEADER.size : end]
     if zlib.crc32(payload) != crc:
         return None
     try:
-        Record.decode_payload(payload)
+        return Record.decode_payload(payload), end
     except (ValueError, KeyError, struct.error):
         return None
-    return end
 
 
 def _is_torn_tail(data: bytes, pos: int) -> bool:
@@ -143,7 +142,7 @@ def _is_torn_tail(data: bytes, pos: int) -> bool:
     """
     if len(data) - pos < _HEADER.size:
         return True
-    length, _ = _HEADER.unpack_from(data, pos)
+    length: int = _HEADER.unpack_from(data, pos)[0]
     if length > MAX_RECORD_BYTES:
         # Garbage header: torn if everything after it is zero-filled.
         return not any(data[pos + _HEADER.size :])

@@ -12,7 +12,7 @@ from stratad.domain.events import SessionEvent
 from stratad.domain.models import Checkpoint, SessionStatus
 from stratad.domain.sessions import SessionInfo
 
-_STATUS_TO_PB = {
+_STATUS_TO_PB: dict[SessionStatus, common_pb2.SessionStatus.ValueType] = {
     SessionStatus.ACTIVE: common_pb2.SESSION_STATUS_ACTIVE,
     SessionStatus.PAUSED: common_pb2.SESSION_STATUS_PAUSED,
     SessionStatus.COMPLETED: common_pb2.SESSION_STATUS_COMPLETED,
@@ -36,12 +36,10 @@ def dict_to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
     return out
 
 
-def status_to_pb(status: SessionStatus | str) -> int:
-    return (
-        _STATUS_TO_PB.get(SessionStatus(status), common_pb2.SESSION_STATUS_UNSPECIFIED)
-        if status
-        else 0
-    )
+def status_to_pb(status: SessionStatus | str) -> common_pb2.SessionStatus.ValueType:
+    if not status:
+        return common_pb2.SessionStatus.SESSION_STATUS_UNSPECIFIED
+    return _STATUS_TO_PB[SessionStatus(status)]
 
 
 def session_to_pb(info: SessionInfo) -> session_pb2.Session:
