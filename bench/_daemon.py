@@ -12,9 +12,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,11 +11,10 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator
 
+import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-
-import grpc
 
 REPLY = b"x" * 64
 

@@ -23,14 +23,12 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc.aio
-
 import grpc
+import grpc.aio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _workload
-import stratad
 from _daemon import daemon, echo_server
 from _report import (
     DOC,
@@ -42,6 +40,8 @@ from _report import (
     percentile,
     write_section,
 )
+
+import stratad
 from stratad.api.v1 import checkpoint_pb2
 
 HEADING = "## Checkpoints (bench/checkpoints.py)"

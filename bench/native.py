@@ -38,12 +38,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "native"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _workload  # noqa: E402
 import reference as ref  # noqa: E402
+from _report import DOC, fmt_time, machine_facts, markdown_table, write_section  # noqa: E402
 from fastcdc.fastcdc_cy import fastcdc_cy  # noqa: E402
 from fastcdc.fastcdc_py import fastcdc_py  # noqa: E402
 
-import _workload  # noqa: E402
-from _report import DOC, fmt_time, machine_facts, markdown_table, write_section  # noqa: E402
 from stratad import native  # noqa: E402
 
 HEADING = "## Native core (bench/native.py)"

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from stratad.config import Config
 from stratad.server.app import StratadServer, start_server
 from stratad.server.registry import Resources, ServiceRegistration, open_resources

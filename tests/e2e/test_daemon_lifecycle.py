@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from grpc_health.v1 import health_pb2
+
 from stratad import __version__
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -17,8 +17,9 @@ from typing import Any
 
 import grpc
 import pytest
-import stratad.errors
 from grpc_health.v1 import health_pb2
+
+import stratad.errors
 from stratad.errors import StratadError
 from stratad.server.registry import Resources, ServiceRegistration
 

@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
+
 from stratad.server.registry import Resources, ServiceRegistration
 
 SERVICE = "stratad.test.v1.SlowService"

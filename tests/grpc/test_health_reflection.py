@@ -9,6 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
 from stratad.server.app import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME
 from stratad.server.registry import Resources, ServiceRegistration
 

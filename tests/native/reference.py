@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import blake3
 import zstandard
+
 from stratad.errors import CorruptObjectError, DecompressionLimitError, InvalidArgumentError
 
 # --------------------------------------------------------------------------

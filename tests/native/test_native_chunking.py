@@ -10,8 +10,9 @@ import pytest
 import reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stratad.errors import InvalidArgumentError
 from strategies import chunk_sizes, json_bytes, payloads
+
+from stratad.errors import InvalidArgumentError
 
 native = pytest.importorskip("stratad.native")
 

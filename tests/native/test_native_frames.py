@@ -14,8 +14,9 @@ import reference as ref
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stratad.errors import CorruptObjectError, DecompressionLimitError, InvalidArgumentError
 from strategies import chunk_sizes, json_bytes, payloads
+
+from stratad.errors import CorruptObjectError, DecompressionLimitError, InvalidArgumentError
 
 native = pytest.importorskip("stratad.native")
 

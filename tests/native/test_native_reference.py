@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import reference as ref
 import zstandard
+
 from stratad.errors import CorruptObjectError, DecompressionLimitError, InvalidArgumentError
 
 # BLAKE3 of the crate's GEAR table as 256 little-endian u64, taken from

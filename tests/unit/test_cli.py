@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from stratad import __version__
 from stratad.cli import main
 from stratad.config import OPTIONS

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from stratad.config import OPTIONS, Config, ConfigError, load_config
 from stratad.errors import InvalidArgumentError
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from stratad.errors import FailedPreconditionError
 from stratad.store.datadir import (
     FORMAT_TEXT,
