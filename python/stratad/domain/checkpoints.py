@@ -27,6 +27,7 @@ from stratad.domain.models import Checkpoint, SessionStatus
 from stratad.domain.sessions import (
     LiveSession,
     Mutation,
+    PendingCommit,
     SessionInfo,
     SessionManager,
     check_usable,
@@ -41,6 +42,7 @@ from stratad.errors import (
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
+    StratadError,
 )
 from stratad.store import manifest
 from stratad.store.journal import Record
@@ -96,7 +98,15 @@ class Checkpoints:
 
     # -- save ------------------------------------------------------------------
 
-    def save_state(self, tenant: str, session_id: str, inp: SaveInput) -> SaveResult:
+    def save_state(
+        self,
+        tenant: str,
+        session_id: str,
+        inp: SaveInput,
+        *,
+        commit: list[PendingCommit] | None = None,
+    ) -> SaveResult:
+        """Save a state as the session's new head (see SessionManager.mutate_live for `commit`)."""
         self._validate_save(inp)
         live = self.sessions.live(tenant, session_id)
         for _ in range(3):  # a base collected by a concurrent GC: prepare again
@@ -104,11 +114,25 @@ class Checkpoints:
             build = functools.partial(self._save_mutation, inp=inp, prepared=prepared)
             try:
                 return self.sessions.mutate_live(  # type: ignore[no-any-return]
-                    live, inp.expected_version, build
+                    live, inp.expected_version, build, commit=commit
                 )
             except StaleBaseError:
                 continue
         raise FailedPreconditionError("the state's base kept changing; retry the save")
+
+    def save_many(
+        self, tenant: str, items: list[tuple[str, SaveInput]]
+    ) -> list[SaveResult | StratadError]:
+        """Save states in order; they share fsyncs (group commit). Errors are per item."""
+        commit: list[PendingCommit] = []
+        results: list[SaveResult | StratadError] = []
+        for session_id, inp in items:
+            try:
+                results.append(self.save_state(tenant, session_id, inp, commit=commit))
+            except StratadError as exc:
+                results.append(exc)
+        self.sessions.finish(commit)
+        return results
 
     def _validate_save(self, inp: SaveInput) -> None:
         if (inp.data is None) == (inp.upload is None):

@@ -115,6 +115,21 @@ class Mutation:
 Builder = Callable[[LiveSession, int, float], Mutation]
 
 
+@dataclass(frozen=True)
+class PendingCommit:
+    """A journaled, applied mutation still to be made durable and announced."""
+
+    journal: Journal
+    offset: int
+    key: tuple[str, str]
+    event: SessionEvent
+
+
+#: Mutations awaiting one shared `SessionManager.finish` (a module-level alias:
+#: inside SessionManager, `list` is its method).
+Commit = list[PendingCommit]
+
+
 class SessionManager:
     def __init__(
         self,
@@ -342,7 +357,20 @@ class SessionManager:
         live = self.live(tenant, session_id)
         return self.mutate_live(live, expected_version, build)
 
-    def mutate_live(self, live: LiveSession, expected_version: int, build: Builder) -> Any:
+    def mutate_live(
+        self,
+        live: LiveSession,
+        expected_version: int,
+        build: Builder,
+        *,
+        commit: Commit | None = None,
+    ) -> Any:
+        """Journal, apply and (unless `commit` is given) make durable one mutation.
+
+        With `commit`, the fsync and the event are left to `finish(commit)`, so
+        a batch of mutations shares fsyncs (SaveStates); the caller must not
+        acknowledge any of them before `finish` returns.
+        """
         with live.lock:
             check_usable(live)
             check_version(live, expected_version)
@@ -355,9 +383,24 @@ class SessionManager:
             if journal.size > max(self.compact_min_bytes, 4 * live.snapshot_bytes):
                 with self._lock:
                     self._to_compact[live.key] = live
-        journal.sync(offset)
-        self.hub.publish(live.key, mutation.event)
+        pending = PendingCommit(journal, offset, live.key, mutation.event)
+        if commit is None:
+            self.finish([pending])
+        else:
+            commit.append(pending)
         return mutation.result
+
+    def finish(self, commit: Commit) -> None:
+        """Make a batch of mutations durable (one fsync per journal), then announce them."""
+        furthest: dict[int, tuple[Journal, int]] = {}
+        for p in commit:
+            known = furthest.get(id(p.journal))
+            if known is None or known[1] < p.offset:
+                furthest[id(p.journal)] = (p.journal, p.offset)
+        for journal, offset in furthest.values():
+            journal.sync(offset)
+        for p in commit:
+            self.hub.publish(p.key, p.event)
 
     def _reindex(self, live: LiveSession, record: Record) -> None:
         """Keep the tenant's checkpoint_id -> session index in step with a record."""
