@@ -36,7 +36,6 @@ from stratad.domain.sessions import (
     require_status,
 )
 from stratad.errors import (
-    AlreadyExistsError,
     CorruptObjectError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -258,8 +257,7 @@ class Checkpoints:
     def _new_checkpoint_id(self, live: LiveSession, requested: str) -> str:
         if not requested:
             return new_id("ckpt")
-        if self.sessions.checkpoint_exists(live.tenant.name, requested):
-            raise AlreadyExistsError(f"checkpoint {requested!r} already exists")
+        self.sessions.claim_checkpoint_id(live, requested)
         return requested
 
     # -- load ------------------------------------------------------------------

@@ -59,6 +59,8 @@ class LiveSession:
     damaged: str = ""
     deleted: bool = False
     snapshot_bytes: int = 0
+    #: Client-given checkpoint IDs reserved by the mutation being built.
+    claimed: set[str] = field(default_factory=set)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -374,9 +376,14 @@ class SessionManager:
         with live.lock:
             check_usable(live)
             check_version(live, expected_version)
-            mutation = build(live, live.state.version + 1, time.time())
-            journal = live.journal
-            offset = journal.append(mutation.record)
+            try:
+                mutation = build(live, live.state.version + 1, time.time())
+                journal = live.journal
+                offset = journal.append(mutation.record)
+            except BaseException:
+                self._release_claims(live)
+                raise
+            live.claimed.clear()  # journaled: the claimed IDs stay in the index
             apply(live.state, mutation.record.kind, mutation.record.body)
             self._reindex(live, mutation.record)
             live.history.append(mutation.event)
@@ -401,6 +408,30 @@ class SessionManager:
             journal.sync(offset)
         for p in commit:
             self.hub.publish(p.key, p.event)
+
+    def claim_checkpoint_id(self, live: LiveSession, checkpoint_id: str) -> None:
+        """Reserve a client-given checkpoint ID for the mutation `live` is building.
+
+        Checkpoint IDs are unique within a tenant, and sessions mutate in
+        parallel: the check and the reservation are one step under the
+        manager's lock. A mutation that fails before it is journaled gives its
+        reservations back.
+        """
+        with self._lock:
+            index = self._checkpoints[live.tenant.name]
+            if checkpoint_id in index:
+                raise AlreadyExistsError(f"checkpoint {checkpoint_id!r} already exists")
+            index[checkpoint_id] = live.state.session_id
+        live.claimed.add(checkpoint_id)
+
+    def _release_claims(self, live: LiveSession) -> None:
+        if not live.claimed:
+            return
+        with self._lock:
+            index = self._checkpoints[live.tenant.name]
+            for checkpoint_id in live.claimed:
+                index.pop(checkpoint_id, None)
+        live.claimed.clear()
 
     def _reindex(self, live: LiveSession, record: Record) -> None:
         """Keep the tenant's checkpoint_id -> session index in step with a record."""
