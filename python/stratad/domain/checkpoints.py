@@ -120,17 +120,22 @@ class Checkpoints:
         raise FailedPreconditionError("the state's base kept changing; retry the save")
 
     def save_many(
-        self, tenant: str, items: list[tuple[str, SaveInput]]
+        self,
+        tenant: str,
+        items: list[tuple[str, SaveInput]],
+        *,
+        commit: list[PendingCommit] | None = None,
     ) -> list[SaveResult | StratadError]:
         """Save states in order; they share fsyncs (group commit). Errors are per item."""
-        commit: list[PendingCommit] = []
+        pending: list[PendingCommit] = [] if commit is None else commit
         results: list[SaveResult | StratadError] = []
         for session_id, inp in items:
             try:
-                results.append(self.save_state(tenant, session_id, inp, commit=commit))
+                results.append(self.save_state(tenant, session_id, inp, commit=pending))
             except StratadError as exc:
                 results.append(exc)
-        self.sessions.finish(commit)
+        if commit is None:
+            self.sessions.finish(pending)
         return results
 
     def _validate_save(self, inp: SaveInput) -> None:

@@ -9,6 +9,7 @@ from stratad.domain.admin import Admin
 from stratad.domain.checkpoints import Checkpoints
 from stratad.domain.events import EventHub
 from stratad.domain.sessions import SessionManager
+from stratad.store.commit import GroupCommitter
 from stratad.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Engine:
         self.sessions = SessionManager(self.store, self.events, compact_min_bytes=compact_min_bytes)
         self.checkpoints = Checkpoints(self.sessions, max_state_bytes=max_state_bytes)
         self.admin = Admin(self.sessions)
+        self.committer = GroupCommitter()
 
     def open(self) -> dict[str, int]:
         """Recover every session from its journal, then start background syncing."""
@@ -45,4 +47,5 @@ class Engine:
         return report
 
     def close(self) -> None:
+        self.committer.stop()
         self.store.close()

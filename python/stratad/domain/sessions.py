@@ -33,6 +33,7 @@ from stratad.errors import (
     VersionConflictError,
 )
 from stratad.store import journal as journal_mod
+from stratad.store.commit import sync_all
 from stratad.store.fsync import fsync_dir
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
@@ -399,13 +400,11 @@ class SessionManager:
 
     def finish(self, commit: Commit) -> None:
         """Make a batch of mutations durable (one fsync per journal), then announce them."""
-        furthest: dict[int, tuple[Journal, int]] = {}
-        for p in commit:
-            known = furthest.get(id(p.journal))
-            if known is None or known[1] < p.offset:
-                furthest[id(p.journal)] = (p.journal, p.offset)
-        for journal, offset in furthest.values():
-            journal.sync(offset)
+        sync_all(commit)
+        self.announce(commit)
+
+    def announce(self, commit: Commit) -> None:
+        """Publish the events of durable mutations to their watchers."""
         for p in commit:
             self.hub.publish(p.key, p.event)
 

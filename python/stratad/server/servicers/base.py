@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from stratad.domain.ids import validate_id
+from stratad.domain.sessions import Commit
 
 if TYPE_CHECKING:
     from stratad.server.registry import Resources
@@ -31,6 +32,20 @@ class Servicer:
     def __init__(self, resources: Resources) -> None:
         self.resources = resources
         self.engine = resources.engine
+
+    async def mutate(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a small journaled mutation on the event loop, then await its group commit.
+
+        `fn` must take `commit=` (see SessionManager.mutate_live): it journals
+        and applies without waiting for the disk, which costs less than a hand-
+        off to a worker thread; the committer thread then fsyncs once for every
+        mutation that queued up meanwhile. Large or slow work uses `run`.
+        """
+        commit: Commit = []
+        result = fn(*args, commit=commit, **kwargs)
+        await self.engine.committer.wait(commit)
+        self.engine.sessions.announce(commit)
+        return result
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking domain work (file I/O, native code) on the worker pool.

@@ -22,6 +22,14 @@ from stratad.server.servicers.convert import (
 
 #: Most requests of one SaveStates stream saved in one batch.
 MAX_BATCH = 64
+#: Saves up to this size run on the event loop (see Servicer.mutate); larger
+#: ones would hold it up with chunking and compression, so they go to a thread.
+INLINE_SAVE_BYTES = 128 << 10
+
+
+def _small(request: checkpoint_pb2.SaveStateRequest) -> bool:
+    size = len(request.data) + sum(len(f) for f in request.chunked.frames)
+    return size <= INLINE_SAVE_BYTES
 
 
 async def _pump(
@@ -91,7 +99,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def _save(
         self, tenant: str, request: checkpoint_pb2.SaveStateRequest
     ) -> checkpoint_pb2.SaveStateResponse:
-        result = await self.run(
+        save = self.mutate if _small(request) else self.run
+        result = await save(
             self.engine.checkpoints.save_state, tenant, request.session_id, save_input(request)
         )
         return save_to_pb(result)
@@ -241,8 +250,9 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
         self, tenant: str, batch: list[checkpoint_pb2.SaveStatesRequest]
     ) -> list[checkpoint_pb2.SaveStatesResponse]:
         items = [(item.request.session_id, save_input(item.request)) for item in batch]
+        save = self.mutate if all(_small(item.request) for item in batch) else self.run
         try:
-            results = await self.run(self.engine.checkpoints.save_many, tenant, items)
+            results = await save(self.engine.checkpoints.save_many, tenant, items)
         except StratadError as exc:  # the batch's commit failed (e.g. disk full)
             return [_item_error(grpc.StatusCode[exc.grpc_status], exc.message)] * len(batch)
         return [

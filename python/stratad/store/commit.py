@@ -1,0 +1,116 @@
+"""Group commit for the event loop: many writers, one fsync per journal per batch.
+
+Small mutations run on the event loop thread (journal append + apply, no I/O
+wait); what they still need before they may be acknowledged is an fsync of
+their journal. Handing each one to a worker thread costs more CPU in thread
+hand-offs than the mutation itself (strace: ~100 futex calls per save with a
+thread per call). Instead, one committer thread takes every batch that queued
+up while it was syncing the previous one, fsyncs each journal once up to its
+furthest offset, and wakes all the waiting coroutines of the batch with one
+call into their event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from stratad.store.journal import Journal
+
+log = logging.getLogger(__name__)
+
+
+class SyncPoint(Protocol):
+    """A journal position that must be durable (e.g. domain.sessions.PendingCommit)."""
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def offset(self) -> int: ...
+
+
+@dataclass
+class _Waiter:
+    points: Sequence[SyncPoint]
+    future: asyncio.Future[None]
+    loop: asyncio.AbstractEventLoop
+
+
+class GroupCommitter:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: list[_Waiter] = []
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="stratad-commit", daemon=True)
+        self._thread.start()
+
+    async def wait(self, points: Sequence[SyncPoint]) -> None:
+        """Return once every point is durable (raises what the fsync raised)."""
+        if not points:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(points, loop.create_future(), loop)
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError("group committer stopped")
+            self._queue.append(waiter)
+            self._cond.notify()
+        await waiter.future
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if not self._queue and self._stopped:
+                    return
+                batch, self._queue = self._queue, []
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Waiter]) -> None:
+        error: BaseException | None = None
+        try:
+            sync_all(p for w in batch for p in w.points)
+        except BaseException as exc:  # handed to every waiter of the batch
+            error = exc
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
+        for waiter in batch:
+            by_loop.setdefault(waiter.loop, []).append(waiter)
+        for loop, waiters in by_loop.items():
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_resolve(waiters, error))
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+
+def sync_all(points: Iterable[SyncPoint]) -> None:
+    """fsync each journal once, up to the furthest offset asked of it."""
+    furthest: dict[int, SyncPoint] = {}
+    for point in points:
+        known = furthest.get(id(point.journal))
+        if known is None or known.offset < point.offset:
+            furthest[id(point.journal)] = point
+    for point in furthest.values():
+        point.journal.sync(point.offset)
+
+
+def _resolve(waiters: list[_Waiter], error: BaseException | None) -> Callable[[], None]:
+    def resolve() -> None:
+        for waiter in waiters:
+            if waiter.future.done():
+                continue
+            if error is None:
+                waiter.future.set_result(None)
+            else:
+                waiter.future.set_exception(error)
+
+    return resolve
