@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from stratad.store.fsync import sync_filesystem
 from stratad.store.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -92,13 +93,28 @@ class GroupCommitter:
         self._thread.join(timeout=10)
 
 
+#: From this many journals in one batch, one syncfs(2) is cheaper than an
+#: fdatasync each (measured here: ~0.25 ms per fdatasync, 1-2 ms per syncfs).
+SYNCFS_MIN_JOURNALS = 6
+
+
 def sync_all(points: Iterable[SyncPoint]) -> None:
     """fsync each journal once, up to the furthest offset asked of it."""
     furthest: dict[int, SyncPoint] = {}
     for point in points:
+        if not point.journal.needs_sync(point.offset):
+            continue
         known = furthest.get(id(point.journal))
         if known is None or known.offset < point.offset:
             furthest[id(point.journal)] = point
+    if len(furthest) >= SYNCFS_MIN_JOURNALS:
+        # Everything appended before the call is covered, so note each
+        # journal's size first (appends may race with the syncfs).
+        sizes = [(p.journal, p.journal.size) for p in furthest.values()]
+        if sync_filesystem(sizes[0][0].path.parent):
+            for journal, size in sizes:
+                journal.mark_synced(size)
+            return
     for point in furthest.values():
         point.journal.sync(point.offset)
 

@@ -56,6 +56,11 @@ def sync_files(root: Path, files: Iterable[Path]) -> None:
         fsync_dir(d)
 
 
+def sync_filesystem(root: Path) -> bool:
+    """syncfs(2) the filesystem holding `root`; False where unavailable or failed."""
+    return _SYNCFS is not None and _syncfs(root)
+
+
 def _syncfs(root: Path) -> bool:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -28,8 +28,9 @@ import json
 import os
 import struct
 import threading
+import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ _U32 = struct.Struct("<I")
 #: A record larger than this is corruption, not data (the daemon's own
 #: message-size limit is far below it).
 MAX_RECORD_BYTES = 1 << 30
+#: Called as ``observer(journal_path, seconds)`` after every journal fsync
+#: (the daemon's metrics register one).
+FSYNC_OBSERVERS: list[Callable[[Path, float], None]] = []
 
 
 @dataclass
@@ -189,6 +193,14 @@ class Journal:
         if self._durable:
             self._fsync_upto(self._size if upto is None else upto)
 
+    def needs_sync(self, upto: int) -> bool:
+        return self._durable and self._synced < upto
+
+    def mark_synced(self, upto: int) -> None:
+        """Record that bytes before `upto` were made durable by other means (syncfs)."""
+        with self._sync_lock:
+            self._synced = max(self._synced, upto)
+
     def sync_now(self) -> None:
         """fsync whatever was appended, whatever the durability mode (interval syncer)."""
         self._fsync_upto(self._size)
@@ -200,11 +212,14 @@ class Journal:
             if self._synced >= target:
                 return  # another writer's fsync covered us while we waited
             end = self._size
+            started = time.perf_counter()
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:
                 raise storage_error(exc, "journal fsync") from exc
             self._synced = max(self._synced, end)
+            for observe in FSYNC_OBSERVERS:
+                observe(self.path, time.perf_counter() - started)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
