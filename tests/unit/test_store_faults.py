@@ -1,0 +1,414 @@
+"""Storage faults, recovery and compaction, in-process on `Engine` over a tmp dir.
+
+- A full disk (ENOSPC) during a journal append fails that one mutation with
+  RESOURCE_EXHAUSTED and leaves no partial record; reads keep working and the
+  next write after the fault clears succeeds (docs/storage.md, "Limits").
+- ENOSPC while object files are written (in the background) loses nothing.
+- Closing and reopening an engine replays its journals to the same state.
+- Compacted journals (a tiny ``compact_min_bytes``) keep every checkpoint.
+
+A *crash* here is a copy of the data directory taken while the engine runs:
+it holds what a SIGKILL at that moment leaves on disk (the page cache survives
+a daemon crash). Journals are copied before objects, so a background write or
+compaction that runs during the copy can only add to what the copy holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stratad import native
+from stratad.domain.checkpoints import SaveInput
+from stratad.domain.engine import Engine
+from stratad.domain.models import SessionStatus
+from stratad.errors import ResourceExhaustedError
+from stratad.store import journal as journal_module
+from stratad.store import objects as objects_module
+
+TENANT = "default"
+#: Background syncer period that never comes round during a test.
+NEVER = 3600.0
+WAIT_TIMEOUT = 30.0
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_engine(data_dir: Path, **options: Any) -> Iterator[Engine]:
+    engine = Engine(data_dir, **options)
+    engine.open()
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+@dataclass(frozen=True)
+class Saved:
+    session_id: str
+    checkpoint_id: str
+    data: bytes
+
+
+def save(engine: Engine, session_id: str, data: bytes, **options: Any) -> Saved:
+    result = engine.checkpoints.save_state(TENANT, session_id, SaveInput(data=data, **options))
+    assert result.checkpoint.digest == native.digest_hex(data)
+    return Saved(session_id, result.checkpoint.checkpoint_id, data)
+
+
+def assert_loads(engine: Engine, saved: Saved) -> None:
+    loaded = engine.checkpoints.load_state(TENANT, saved.session_id, saved.checkpoint_id)
+    assert loaded.data == saved.data, f"{saved.checkpoint_id} came back different"
+    assert loaded.checkpoint.digest == native.digest_hex(saved.data)
+
+
+def journal_file(data_dir: Path, session_id: str) -> Path:
+    return data_dir / "tenants" / TENANT / "sessions" / session_id / "journal"
+
+
+def snapshot_of_disk(data_dir: Path, into: Path) -> Path:
+    """Copy what is on disk now (journals first, then objects); see the module docstring."""
+    tenants = data_dir / "tenants"
+    for part in ("sessions", "objects"):
+        for tenant in sorted(tenants.iterdir()):
+            for root, _, files in os.walk(tenant / part):
+                target = into / "tenants" / Path(root).relative_to(tenants)
+                target.mkdir(parents=True, exist_ok=True)
+                for name in files:
+                    with contextlib.suppress(FileNotFoundError):  # renamed meanwhile
+                        shutil.copy2(Path(root) / name, target / name)
+    return into
+
+
+def session_view(engine: Engine, session_id: str) -> dict[str, Any]:
+    """Everything a client can learn about a session, and its replayed state."""
+    checkpoints, _ = engine.checkpoints.list_checkpoints(TENANT, session_id, page_size=1000)
+    return {
+        "info": engine.sessions.info(TENANT, session_id),
+        "checkpoints": checkpoints,
+        "data": {
+            cp.checkpoint_id: engine.checkpoints.load_state(
+                TENANT, session_id, cp.checkpoint_id
+            ).data
+            for cp in checkpoints
+        },
+        "state": engine.sessions.live(TENANT, session_id).state.to_json(),
+    }
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.005)
+
+
+def journal_compacted(path: Path) -> bool:
+    """Does the journal start with a snapshot record (it was compacted)?"""
+    records = journal_module.read_records(path).records
+    return bool(records) and records[0].kind == "snapshot"
+
+
+def wait_for_compaction(path: Path) -> None:
+    wait_until(lambda: journal_compacted(path), f"{path} is compacted")
+
+
+def growing_states(rng: random.Random, start: int = 40_000, step: int = 3_000) -> Iterator[bytes]:
+    """A state that grows at the end, as an agent's conversation does: multi-chunk."""
+    state = rng.randbytes(start)
+    while True:
+        yield state
+        state += rng.randbytes(rng.randint(1, step))
+
+
+# -- disk full -----------------------------------------------------------------------
+
+
+class DiskFull:
+    """ENOSPC for journal appends (after a partial write) and for object files."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.journal_appends = False
+        self.object_files = False
+        self.failures = 0
+        self._real_write = os.write
+        self._real_open = open
+        self._partial_written = False
+        # store/journal.py appends with os.write; only journal fds are failed.
+        monkeypatch.setattr(os, "write", self._write)
+        monkeypatch.setattr(objects_module, "open", self._open, raising=False)
+
+    def _error(self) -> OSError:
+        self.failures += 1
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def _write(self, fd: int, data: Any) -> int:
+        if self.journal_appends and _is_journal(fd):
+            if not self._partial_written:  # half a record reaches the file first
+                self._partial_written = True
+                return self._real_write(fd, bytes(data[: len(data) // 2]))
+            raise self._error()
+        return self._real_write(fd, data)
+
+    def _open(self, file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        f = self._real_open(file, mode, *args, **kwargs)
+        if self.object_files and "w" in mode:
+            return _FullDiskFile(f, self)
+        return f
+
+    def clear(self) -> None:
+        self.journal_appends = self.object_files = False
+        self._partial_written = False
+
+
+class _FullDiskFile:
+    """A file whose writes put half their bytes on disk, then fail with ENOSPC."""
+
+    def __init__(self, f: Any, fault: DiskFull) -> None:
+        self._f = f
+        self._fault = fault
+
+    def __enter__(self) -> _FullDiskFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
+
+    def write(self, data: bytes) -> int:
+        self._f.write(data[: len(data) // 2])
+        raise self._fault._error()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def _is_journal(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").endswith(f"{os.sep}journal")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def disk_full(monkeypatch: pytest.MonkeyPatch) -> DiskFull:
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to tell journal writes from others")
+    return DiskFull(monkeypatch)
+
+
+def test_disk_full_during_a_save_leaves_no_partial_record(
+    tmp_path: Path, disk_full: DiskFull
+) -> None:
+    rng = random.Random(1)
+    with open_engine(tmp_path / "data") as engine:
+        engine.sessions.create(TENANT, "agent")
+        earlier = [save(engine, "agent", rng.randbytes(1000)),
+                   save(engine, "agent", rng.randbytes(150_000))]  # fmt: skip
+        path = journal_file(tmp_path / "data", "agent")
+        journal_before = path.read_bytes()
+        info_before = engine.sessions.info(TENANT, "agent")
+
+        disk_full.journal_appends = True
+        retried = rng.randbytes(150_000)
+        with pytest.raises(ResourceExhaustedError, match="disk full"):
+            save(engine, "agent", retried, checkpoint_id="after-the-fault")
+        assert disk_full.failures == 1
+        assert path.read_bytes() == journal_before, "a partial record was left behind"
+        assert engine.sessions.info(TENANT, "agent") == info_before
+        for saved in earlier:  # reads keep working on a full disk
+            assert_loads(engine, saved)
+
+        disk_full.clear()
+        # The ID of the failed save was not taken; the same save now succeeds.
+        after = save(engine, "agent", retried, checkpoint_id="after-the-fault")
+        assert engine.sessions.info(TENANT, "agent").version == info_before.version + 1
+        for saved in [*earlier, after]:
+            assert_loads(engine, saved)
+
+    with open_engine(tmp_path / "data") as engine:
+        for saved in [*earlier, after]:
+            assert_loads(engine, saved)
+        assert engine.admin.verify().ok
+
+
+def test_disk_full_while_creating_a_session(tmp_path: Path, disk_full: DiskFull) -> None:
+    with open_engine(tmp_path / "data") as engine:
+        disk_full.journal_appends = True
+        with pytest.raises(ResourceExhaustedError):
+            engine.sessions.create(TENANT, "agent")
+        disk_full.clear()
+        assert engine.sessions.list(TENANT)[0] == []
+        engine.sessions.create(TENANT, "agent")
+        saved = save(engine, "agent", b"first state")
+    with open_engine(tmp_path / "data") as engine:
+        assert_loads(engine, saved)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="objects.py ObjectStore.put/needs_inline: the objects of a save whose journal "
+    "append failed stay registered as carried by this session's journal, so the retried "
+    "save's record does not carry them and they exist only in memory until flushed",
+)
+def test_save_retried_after_disk_full_survives_a_crash(tmp_path: Path, disk_full: DiskFull) -> None:
+    rng = random.Random(2)
+    # No background tick: objects stay where the save path leaves them.
+    with open_engine(tmp_path / "data", fsync_interval=NEVER) as engine:
+        engine.sessions.create(TENANT, "agent")
+        first = save(engine, "agent", rng.randbytes(150_000))
+        disk_full.journal_appends = True
+        retried = rng.randbytes(150_000)
+        with pytest.raises(ResourceExhaustedError):
+            save(engine, "agent", retried)
+        disk_full.clear()
+        acknowledged = save(engine, "agent", retried)
+        crashed = snapshot_of_disk(tmp_path / "data", tmp_path / "crashed")
+
+    with open_engine(crashed) as engine:
+        assert_loads(engine, first)
+        assert_loads(engine, acknowledged)
+
+
+def test_disk_full_for_object_files_loses_nothing(tmp_path: Path, disk_full: DiskFull) -> None:
+    rng = random.Random(3)
+    states = growing_states(rng)
+    acknowledged: list[Saved] = []
+    # Background ticks (object writes, compactions) every few ms.
+    with open_engine(tmp_path / "data", fsync_interval=0.005, compact_min_bytes=64 << 10) as engine:
+        engine.sessions.create(TENANT, "agent")
+        acknowledged.append(save(engine, "agent", next(states)))
+        disk_full.object_files = True
+        for _ in range(20):
+            # Failing the save is allowed; losing it after success is not.
+            with contextlib.suppress(ResourceExhaustedError):
+                acknowledged.append(save(engine, "agent", next(states)))
+        wait_until(lambda: disk_full.failures > 0, "the background syncer hit the full disk")
+        for saved in acknowledged:  # reads keep working
+            assert_loads(engine, saved)
+        disk_full.clear()
+        acknowledged.append(save(engine, "agent", next(states)))
+        crashed = snapshot_of_disk(tmp_path / "data", tmp_path / "crashed")
+
+    leftovers = list((tmp_path / "data").glob("tenants/*/objects/**/*.tmp"))
+    assert not leftovers, f"temporary files left after failed writes: {leftovers}"
+    for data_dir in (tmp_path / "data", crashed):
+        with open_engine(data_dir) as engine:
+            for saved in acknowledged:
+                assert_loads(engine, saved)
+            assert engine.admin.verify().ok
+
+
+# -- recovery and compaction -----------------------------------------------------------
+
+
+def build_history(engine: Engine, rng: random.Random) -> list[str]:
+    """Sessions touched by every kind of mutation; returns their IDs."""
+    sessions = engine.sessions
+    sessions.create(TENANT, "main", labels={"team": "a"})
+    sessions.create(TENANT, "retained", keep_last=3)
+    states = growing_states(rng)
+    for step in range(8):
+        save(engine, "main", next(states), metadata={"step": step})
+        save(engine, "retained", rng.randbytes(rng.randint(0, 3000)))
+    save(engine, "main", b"", namespace="scratch")
+    named = engine.checkpoints.create_checkpoint(TENANT, "main", name="milestone")
+    first = engine.checkpoints.list_checkpoints(TENANT, "main", page_size=1000)[0][-1]
+    engine.checkpoints.delete_checkpoint(TENANT, first.checkpoint_id)
+    engine.checkpoints.set_status(TENANT, "main", SessionStatus.PAUSED)
+    save(engine, "main", next(states), checkpoint_id="while-paused")
+    engine.checkpoints.set_status(TENANT, "main", SessionStatus.ACTIVE)
+    engine.checkpoints.restore_checkpoint(TENANT, named.checkpoint_id, make_current=True)
+    sessions.create(TENANT, "doomed")
+    save(engine, "doomed", b"gone soon")
+    sessions.delete(TENANT, "doomed")
+    engine.checkpoints.fork_session(TENANT, "while-paused", new_session_id="fork")
+    save(engine, "fork", next(states))
+    return ["main", "retained", "fork"]
+
+
+def test_reopened_engine_replays_to_identical_state(tmp_path: Path) -> None:
+    with open_engine(tmp_path / "data") as engine:
+        session_ids = build_history(engine, random.Random(4))
+        before = {sid: session_view(engine, sid) for sid in session_ids}
+        listed = engine.sessions.list(TENANT)[0]
+    with open_engine(tmp_path / "data") as engine:
+        assert engine.sessions.list(TENANT)[0] == listed
+        assert [s.session_id for s in listed] == sorted(session_ids)
+        for sid in session_ids:
+            assert session_view(engine, sid) == before[sid], sid
+        assert engine.admin.verify().ok
+
+
+def test_compacted_journals_keep_every_checkpoint(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with open_engine(data_dir, compact_min_bytes=1, fsync_interval=0.005) as engine:
+        session_ids = build_history(engine, random.Random(5))
+        for sid in session_ids:
+            wait_for_compaction(journal_file(data_dir, sid))
+        # Records after the snapshot replay on top of it.
+        extra = [save(engine, sid, f"after compaction {sid}".encode()) for sid in session_ids]
+        before = {sid: session_view(engine, sid) for sid in session_ids}
+        crashed = snapshot_of_disk(data_dir, tmp_path / "crashed")
+    for reopened in (data_dir, crashed):
+        with open_engine(reopened) as engine:
+            for sid in session_ids:
+                assert session_view(engine, sid) == before[sid], (reopened, sid)
+            for saved in extra:
+                assert_loads(engine, saved)
+            assert engine.admin.verify().ok
+
+
+def test_compaction_racing_concurrent_saves_loses_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    acknowledged: list[Saved] = []
+    errors: list[BaseException] = []
+
+    def writer(engine: Engine, session_id: str, seed: int) -> None:
+        rng = random.Random(seed)
+        states = growing_states(rng, start=20_000, step=2_000)
+        try:
+            for step in range(40):
+                data = next(states) if step % 3 else rng.randbytes(500)
+                acknowledged.append(save(engine, session_id, data))
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    with open_engine(data_dir, compact_min_bytes=1, fsync_interval=0.002) as engine:
+        session_ids = ["one", "two", "shared"]
+        for sid in session_ids:
+            engine.sessions.create(TENANT, sid)
+        threads = [
+            threading.Thread(target=writer, args=(engine, sid, seed))
+            for seed, sid in enumerate([*session_ids, "shared"])
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_TIMEOUT * 4)
+        assert not any(t.is_alive() for t in threads), "writers did not finish"
+        assert not errors, errors
+        for sid in session_ids:
+            wait_for_compaction(journal_file(data_dir, sid))
+        crashed = snapshot_of_disk(data_dir, tmp_path / "crashed")
+    for reopened in (data_dir, crashed):
+        with open_engine(reopened) as engine:
+            for saved in acknowledged:
+                assert_loads(engine, saved)
+            for sid in session_ids:
+                count = sum(s.session_id == sid for s in acknowledged)
+                assert engine.sessions.info(TENANT, sid).version == count + 1
+            assert engine.admin.verify().ok
