@@ -483,11 +483,15 @@ def latest(live: LiveSession, namespace: str) -> Checkpoint | None:
 
 
 def retention_drops(live: LiveSession, now: float, *, keep: str) -> list[str]:
-    """Unnamed checkpoints beyond keep_last or older than max_age (never the head)."""
+    """Unnamed checkpoints beyond keep_last or older than max_age (never the head).
+
+    `keep` is the checkpoint being saved, which becomes the head: the current
+    head is about to stop being one and gets no protection.
+    """
     state = live.state
     if not state.keep_last and not state.max_age_seconds:
         return []
-    protected = {keep, state.head}
+    protected = {keep}
     unnamed = [c for c in state.checkpoints.values() if not c.pinned]
     dropped = []
     if state.keep_last:
