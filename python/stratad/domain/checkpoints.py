@@ -443,6 +443,7 @@ class Checkpoints:
             check_usable(live)
             newest_first = list(reversed(live.state.checkpoints.values()))
         if before:
+            validate_id(before, "before")
             ids = [c.checkpoint_id for c in newest_first]
             if before not in ids:
                 raise NotFoundError(f"checkpoint {before!r} not found")
