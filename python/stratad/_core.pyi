@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_MIN_CHUNK",
     "FORMAT_VERSION",
     "FRAME_HEADER_SIZE",
+    "CrystalIndex",
     "JaccardIndex",
     "PreparedChunk",
     "chunk_boundaries",
@@ -124,3 +125,42 @@ class JaccardIndex:
     def __contains__(self, key: object, /) -> bool: ...
     def top_k(self, query_tokens: Sequence[str], k: int) -> list[tuple[int, float]]:
         """The best `k` keys for `query_tokens`, as (key, score)."""
+
+@final
+class CrystalIndex:
+    """A crystal library's search structure: goal-token inverted index, tool sets,
+    effectiveness-boosted top-k, the novelty check and the eviction order."""
+
+    def __new__(cls) -> CrystalIndex: ...
+    def add(
+        self,
+        order: int,
+        goal_tokens: Sequence[str],
+        tools: Sequence[str],
+        effectiveness: float,
+        reuse_count: int,
+    ) -> int:
+        """Add a crystal; return its slot."""
+    def update(self, slot: object, effectiveness: float, reuse_count: int) -> bool:
+        """Set a slot's effectiveness and reuse count; return whether it exists."""
+    def remove(self, slot: object) -> bool:
+        """Remove a slot's crystal; return whether there was one."""
+    def __len__(self) -> int: ...
+    def __contains__(self, slot: object, /) -> bool: ...
+    def top_k(self, query_tokens: Sequence[str], k: int) -> list[tuple[int, float, float]]:
+        """The best `k` crystals for `query_tokens`, as (slot, score, similarity)."""
+    def find_similar(
+        self,
+        goal_tokens: Sequence[str],
+        tools: Sequence[str],
+        goal_threshold: float,
+        tool_threshold: float,
+    ) -> tuple[int, float, float] | None:
+        """The most similar crystal above both thresholds, as (slot, goal_similarity,
+        tool_similarity), or None."""
+    def least_effective(self, exclude: int | None = None) -> int | None:
+        """The slot to evict next (other than `exclude`), or None."""
+    def stats(self, effective_threshold: float) -> tuple[int, int, int, float]:
+        """(count, effective count, total reuses, sum of effectiveness)."""
+    def memory_usage(self) -> int:
+        """An estimate of the heap bytes the index holds."""

@@ -437,6 +437,120 @@ class JaccardIndex:
         return _ranked(((key, _jaccard_sets(q, self._docs[key])) for key in candidates), k)
 
 
+class CrystalIndex:
+    """Brute-force reference of the native crystal index (docs/native.md).
+
+    Slots are allocated as the native index does: the most recently freed
+    one, else the next new one.
+    """
+
+    def __init__(self) -> None:
+        # slot -> (order, goal set, tool set, effectiveness, reuse_count)
+        self._entries: dict[int, tuple[int, frozenset[str], frozenset[str], float, int]] = {}
+        self._free: list[int] = []
+        self._next = 0
+
+    @staticmethod
+    def _check(effectiveness: float) -> float:
+        if not 0.0 <= effectiveness <= 1.0:
+            raise InvalidArgumentError("effectiveness must be in [0, 1]")
+        return effectiveness + 0.0
+
+    def add(
+        self,
+        order: int,
+        goal_tokens: Iterable[str],
+        tools: Iterable[str],
+        effectiveness: float,
+        reuse_count: int,
+    ) -> int:
+        effectiveness = self._check(effectiveness)
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot, self._next = self._next, self._next + 1
+        entry = (order, frozenset(goal_tokens), frozenset(tools), effectiveness, reuse_count)
+        self._entries[slot] = entry
+        return slot
+
+    def update(self, slot: object, effectiveness: float, reuse_count: int) -> bool:
+        effectiveness = self._check(effectiveness)
+        if not isinstance(slot, int) or slot not in self._entries:
+            return False
+        order, goal, tools, _, _ = self._entries[slot]
+        self._entries[slot] = (order, goal, tools, effectiveness, reuse_count)
+        return True
+
+    def remove(self, slot: object) -> bool:
+        if not isinstance(slot, int) or slot not in self._entries:
+            return False
+        del self._entries[slot]
+        self._free.append(slot)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, slot: object) -> bool:
+        return slot in self._entries
+
+    def top_k(self, query_tokens: Iterable[str], k: int) -> list[tuple[int, float, float]]:
+        """score = similarity * (0.5 + 0.5 * effectiveness); score desc, order, slot."""
+        if k < 0:
+            raise InvalidArgumentError("k must be >= 0")
+        q = set(query_tokens)
+        hits = []
+        for slot, (order, goal, _, eff, _) in self._entries.items():
+            similarity = _jaccard_sets(q, goal)
+            if similarity > 0:
+                hits.append((-(similarity * (0.5 + 0.5 * eff)), order, slot, similarity))
+        hits.sort()
+        return [(slot, -neg, sim) for neg, _, slot, sim in hits[:k]]
+
+    def find_similar(
+        self,
+        goal_tokens: Iterable[str],
+        tools: Iterable[str],
+        goal_threshold: float,
+        tool_threshold: float,
+    ) -> tuple[int, float, float] | None:
+        """Goal and tool Jaccard both strictly above their thresholds; the most similar."""
+        for threshold in (goal_threshold, tool_threshold):
+            if not 0.0 <= threshold <= 1.0:
+                raise InvalidArgumentError("thresholds must be in [0, 1]")
+        g, t = set(goal_tokens), set(tools)
+        found = []
+        for slot, (order, goal, tool_set, _, _) in self._entries.items():
+            gs, ts = _jaccard_sets(g, goal), _jaccard_sets(t, tool_set)
+            if gs > goal_threshold and ts > tool_threshold:
+                found.append((-gs, -ts, order, slot))
+        if not found:
+            return None
+        neg_g, neg_t, _, slot = min(found)
+        return slot, -neg_g, -neg_t
+
+    def least_effective(self, exclude: int | None = None) -> int | None:
+        """Least effective, then fewest reuses, then lowest order, then lowest slot."""
+        keys = [
+            (eff, reuses, order, slot)
+            for slot, (order, _, _, eff, reuses) in self._entries.items()
+            if slot != exclude
+        ]
+        return min(keys)[3] if keys else None
+
+    def stats(self, effective_threshold: float) -> tuple[int, int, int, float]:
+        entries = [self._entries[slot] for slot in sorted(self._entries)]
+        total = 0.0
+        for entry in entries:
+            total += entry[3]
+        return (
+            len(entries),
+            sum(1 for e in entries if e[3] >= effective_threshold),
+            sum(e[4] for e in entries),
+            total,
+        )
+
+
 # --------------------------------------------------------------------------
 # Goal generalization and entity types
 # --------------------------------------------------------------------------

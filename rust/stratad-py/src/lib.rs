@@ -428,6 +428,154 @@ impl JaccardIndex {
     }
 }
 
+/// A crystal library's search structure (see docs/native.md): goal-token
+/// inverted index, tool sets, effectiveness-boosted top-k, the novelty check
+/// and the eviction order.
+///
+/// Safe to share between threads like `JaccardIndex`: searches on a large
+/// index run with the GIL released under a read lock.
+#[pyclass(frozen, module = "stratad._core")]
+struct CrystalIndex {
+    inner: RwLock<core::similarity::CrystalIndex>,
+}
+
+impl CrystalIndex {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, core::similarity::CrystalIndex> {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, core::similarity::CrystalIndex> {
+        self.inner.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A slot argument: `None` for anything that cannot be a slot.
+fn slot_of(value: &Bound<'_, PyAny>) -> Option<u32> {
+    value.extract::<u32>().ok()
+}
+
+#[pymethods]
+impl CrystalIndex {
+    #[new]
+    fn new() -> Self {
+        Self {
+            inner: RwLock::new(core::similarity::CrystalIndex::new()),
+        }
+    }
+
+    /// Adds a crystal; returns its slot.
+    fn add(
+        &self,
+        py: Python<'_>,
+        order: Int,
+        goal_tokens: Vec<String>,
+        tools: Vec<String>,
+        effectiveness: f64,
+        reuse_count: Int,
+    ) -> PyResult<u32> {
+        let order = order.limit(py, "order")?;
+        let reuse_count = reuse_count.limit(py, "reuse_count")?;
+        let result = self
+            .write()
+            .add(order, &goal_tokens, &tools, effectiveness, reuse_count);
+        check(py, result)
+    }
+
+    /// Sets a slot's effectiveness and reuse count; returns whether it exists.
+    fn update(
+        &self,
+        py: Python<'_>,
+        slot: &Bound<'_, PyAny>,
+        effectiveness: f64,
+        reuse_count: Int,
+    ) -> PyResult<bool> {
+        let reuse_count = reuse_count.limit(py, "reuse_count")?;
+        let Some(slot) = slot_of(slot) else {
+            return Ok(false);
+        };
+        let result = self.write().update(slot, effectiveness, reuse_count);
+        check(py, result)
+    }
+
+    /// Removes a slot's crystal; returns whether there was one.
+    fn remove(&self, slot: &Bound<'_, PyAny>) -> bool {
+        slot_of(slot).is_some_and(|slot| self.write().remove(slot))
+    }
+
+    fn __len__(&self) -> usize {
+        self.read().len()
+    }
+
+    fn __contains__(&self, slot: &Bound<'_, PyAny>) -> bool {
+        slot_of(slot).is_some_and(|slot| self.read().contains(slot))
+    }
+
+    /// The best `k` crystals for `query_tokens`, as (slot, score, similarity).
+    fn top_k(
+        &self,
+        py: Python<'_>,
+        query_tokens: Vec<String>,
+        k: Int,
+    ) -> PyResult<Vec<(u32, f64, f64)>> {
+        let k = k.count(py, "k")?;
+        let size = self.__len__();
+        let matches = run(py, size, || self.read().top_k(&query_tokens, k));
+        Ok(matches
+            .into_iter()
+            .map(|m| (m.slot, m.score, m.similarity))
+            .collect())
+    }
+
+    /// The most similar crystal above both thresholds, as (slot,
+    /// goal_similarity, tool_similarity), or None.
+    fn find_similar(
+        &self,
+        py: Python<'_>,
+        goal_tokens: Vec<String>,
+        tools: Vec<String>,
+        goal_threshold: f64,
+        tool_threshold: f64,
+    ) -> PyResult<Option<(u32, f64, f64)>> {
+        let size = self.__len__();
+        let result = run(py, size, || {
+            self.read()
+                .find_similar(&goal_tokens, &tools, goal_threshold, tool_threshold)
+        });
+        Ok(check(py, result)?.map(|s| (s.slot, s.goal_similarity, s.tool_similarity)))
+    }
+
+    /// The slot to evict next (other than `exclude`), or None.
+    #[pyo3(signature = (exclude=None))]
+    fn least_effective(&self, py: Python<'_>, exclude: Option<i64>) -> Option<u32> {
+        // An exclusion that cannot be a slot excludes nothing.
+        let exclude = exclude.and_then(|e| u32::try_from(e).ok());
+        let size = self.__len__();
+        run(py, size, || self.write().least_effective(exclude))
+    }
+
+    /// (count, effective count, total reuses, sum of effectiveness).
+    fn stats(&self, py: Python<'_>, effective_threshold: f64) -> (usize, usize, u64, f64) {
+        let size = self.__len__();
+        let stats = run(py, size, || self.read().stats(effective_threshold));
+        (
+            stats.count,
+            stats.effective,
+            stats.total_reuses,
+            stats.effectiveness_sum,
+        )
+    }
+
+    /// An estimate of the heap bytes the index holds.
+    fn memory_usage(&self, py: Python<'_>) -> usize {
+        let size = self.__len__();
+        run(py, size, || self.read().memory_usage())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("CrystalIndex(<{} crystals>)", self.__len__())
+    }
+}
+
 /// The native core of stratad (see docs/native.md). Import `stratad.native`
 /// rather than this module.
 #[pymodule]
@@ -439,6 +587,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", core::FORMAT_VERSION)?;
     m.add_class::<PreparedChunk>()?;
     m.add_class::<JaccardIndex>()?;
+    m.add_class::<CrystalIndex>()?;
     m.add_function(wrap_pyfunction!(digest, m)?)?;
     m.add_function(wrap_pyfunction!(digest_hex, m)?)?;
     m.add_function(wrap_pyfunction!(chunk_boundaries, m)?)?;
