@@ -8,9 +8,9 @@
 `Api` holds the generated stubs (``.sessions``, ``.checkpoints``, ``.admin``)
 and sends every call with a deadline and its tenant's ``x-stratad-tenant``
 metadata. ``api.as_tenant("t2")`` is the same daemon seen by another tenant.
-``api.fails(method, request, code, *words)`` asserts the exact status code and
-that the message names each of ``words``; ``api.snapshot(session_id)`` is what
-a failed call must leave unchanged.
+``api.fails(method, request, code, *words, keeps=session_id)`` asserts the exact
+status code, that the message names each of ``words`` and that the session's
+`Snapshot` (version, head, checkpoint count, status, latest digest) is unchanged.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf import struct_pb2
 
-import grpc
 from stratad.api.v1 import (
     admin_pb2_grpc,
     checkpoint_pb2,
@@ -77,9 +77,19 @@ class Api:
         return method(request, timeout=DEADLINE, metadata=self.metadata)
 
     def fails(
-        self, method: Callable[..., Any], request: Any, code: grpc.StatusCode, *words: str
+        self,
+        method: Callable[..., Any],
+        request: Any,
+        code: grpc.StatusCode,
+        *words: str,
+        keeps: str = "",
     ) -> str:
-        """Call, expect `code`; the message must name every one of `words`."""
+        """Call, expect `code`; the message must name every one of `words`.
+
+        With `keeps`, that session (of this tenant) must look the same after
+        the failed call, and the daemon must still answer.
+        """
+        before = self.snapshot(keeps) if keeps else None
         with pytest.raises(grpc.RpcError) as excinfo:
             self.call(method, request)
         error: Any = excinfo.value
@@ -87,6 +97,8 @@ class Api:
         assert error.code() == code, f"{error.code()} {details!r}"
         for word in words:
             assert word in details, f"{word!r} not in {details!r}"
+        if before is not None:
+            assert self.snapshot(keeps) == before
         return str(details)
 
     # -- shortcuts for the arrange step of a test ----------------------------

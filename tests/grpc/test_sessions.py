@@ -7,9 +7,9 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import pytest
 
-import grpc
 from stratad.api.v1 import checkpoint_pb2, common_pb2, session_pb2
 
 if TYPE_CHECKING:
