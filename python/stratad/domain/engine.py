@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 from pathlib import Path
 
 from stratad.domain.admin import Admin
+from stratad.domain.agent import Agents
 from stratad.domain.checkpoints import Checkpoints
+from stratad.domain.cognitive import Cognitive
 from stratad.domain.events import EventHub
+from stratad.domain.profiles import Profiles
 from stratad.domain.sessions import SessionManager
+from stratad.domain.tasks import Tasks
 from stratad.store.commit import GroupCommitter
 from stratad.store.store import Store
 
@@ -37,14 +42,21 @@ class Engine:
         self.sessions = SessionManager(self.store, self.events, compact_min_bytes=compact_min_bytes)
         self.checkpoints = Checkpoints(self.sessions, max_state_bytes=max_state_bytes)
         self.admin = Admin(self.sessions)
+        # Structured state: importing these modules registers their record
+        # reducers, which the journal replay in open() needs.
+        self.cognitive = Cognitive(self.sessions)
+        self.tasks = Tasks(self.sessions)
+        self.agents = Agents(self.sessions)
+        self.profiles = Profiles(self.store, compact_min_bytes=compact_min_bytes)
         self.committer = GroupCommitter()
 
     def open(self) -> dict[str, int]:
-        """Recover every session from its journal, then start background syncing."""
-        report = self.sessions.recover()
+        """Recover every session and profile journal, then start background syncing."""
+        report = collections.Counter(self.sessions.recover())
+        report.update(self.profiles.recover())
         self.store.start()
-        log.info("recovered %s", report or "an empty store")
-        return report
+        log.info("recovered %s", dict(report) or "an empty store")
+        return dict(report)
 
     def close(self) -> None:
         self.committer.stop()

@@ -1,0 +1,337 @@
+"""User profiles (seed 003's situated memory): per tenant and user, not per session.
+
+Every session of a user shares the profile, so profiles live beside the
+sessions, one journal per tenant: ``<data>/tenants/<tenant>/profiles/journal``
+(the same record format as session journals, store/journal.py). A record
+carries the user's whole profile after the update (``profile.put``) or its
+deletion (``profile.delete``), so replay is plain assignment; a journal that
+outgrows its threshold is rewritten as one ``snapshot`` record holding every
+profile. Each update is appended under the tenant's profile lock and fsynced
+outside it (group commit), and acknowledged only after that.
+
+A profile is Cogency's UserProfile: preferences, goals (10 newest),
+expertise_areas (15 newest), communication_style, projects (10 most recently
+added), interests, constraints, success/failure patterns (5 newest each),
+created_at, last_updated, interaction_count, synthesis_version (from 1).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratad.domain import structured as st
+from stratad.domain.ids import validate_id
+from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError
+from stratad.store import journal as journal_mod
+from stratad.store.fsync import fsync_dir
+from stratad.store.journal import Journal, Record
+from stratad.store.store import Store
+
+log = logging.getLogger(__name__)
+
+DIRECTORY = "profiles"
+JOURNAL = "journal"
+MAX_GOALS = 10
+MAX_EXPERTISE = 15
+MAX_PROJECTS = 10
+MAX_PATTERNS = 5
+#: stratad's bounds for what the seed leaves unbounded.
+MAX_INTERESTS = 15
+MAX_CONSTRAINTS = 10
+MAX_PREFERENCES = 100
+#: CompressProfile's default (the seed's max_tokens, applied to characters).
+DEFAULT_COMPRESS_CHARS = 800
+
+
+def new_profile(user_id: str, at: float) -> dict[str, Any]:
+    return {
+        "user_id": user_id,
+        "preferences": {},
+        "goals": [],
+        "expertise_areas": [],
+        "communication_style": "",
+        "projects": {},
+        "interests": [],
+        "constraints": [],
+        "success_patterns": [],
+        "failure_patterns": [],
+        "created_at": at,
+        "last_updated": at,
+        "interaction_count": 0,
+        "synthesis_version": 1,
+    }
+
+
+def _add_new(items: list[str], new: list[str], keep: int) -> list[str]:
+    items = list(items)
+    for item in new:
+        if item not in items:
+            items.append(item)
+    return items[-keep:] if len(items) > keep else items
+
+
+def _add_pattern(items: list[str], pattern: str | None) -> list[str]:
+    if pattern and pattern not in items:
+        items = [*items, pattern]
+        if len(items) > MAX_PATTERNS:
+            items = items[-MAX_PATTERNS:]
+    return items
+
+
+def update_from_interaction(
+    profile: dict[str, Any], insights: dict[str, Any], at: float, *, synthesized: bool = False
+) -> dict[str, Any]:
+    """UserProfile.update_from_interaction on a copy (plus interests, constraints, synthesis)."""
+    p = dict(profile)
+    p["interaction_count"] += 1
+    p["last_updated"] = at
+    if "preferences" in insights:
+        prefs = {**p["preferences"], **insights["preferences"]}
+        if len(prefs) > MAX_PREFERENCES:
+            prefs = dict(list(prefs.items())[-MAX_PREFERENCES:])
+        p["preferences"] = prefs
+    if "goals" in insights:
+        p["goals"] = _add_new(p["goals"], insights["goals"], MAX_GOALS)
+    if "expertise" in insights:
+        p["expertise_areas"] = _add_new(p["expertise_areas"], insights["expertise"], MAX_EXPERTISE)
+    if "communication_style" in insights:
+        p["communication_style"] = insights["communication_style"]
+    if "project_context" in insights:
+        projects = {**p["projects"], **insights["project_context"]}
+        if len(projects) > MAX_PROJECTS:
+            projects = dict(list(projects.items())[-MAX_PROJECTS:])
+        p["projects"] = projects
+    if "success_pattern" in insights:
+        p["success_patterns"] = _add_pattern(p["success_patterns"], insights["success_pattern"])
+    if "failure_pattern" in insights:
+        p["failure_patterns"] = _add_pattern(p["failure_patterns"], insights["failure_pattern"])
+    if "interests" in insights:
+        p["interests"] = _add_new(p["interests"], insights["interests"], MAX_INTERESTS)
+    if "constraints" in insights:
+        p["constraints"] = _add_new(p["constraints"], insights["constraints"], MAX_CONSTRAINTS)
+    if synthesized:
+        p["synthesis_version"] += 1
+    return p
+
+
+def compress(profile: dict[str, Any], max_tokens: int = DEFAULT_COMPRESS_CHARS) -> str:
+    """The seed's compress(profile): its sections, cut to max_tokens characters."""
+    sections = []
+    if profile["communication_style"]:
+        sections.append(f"COMMUNICATION: {profile['communication_style']}")
+    if profile["goals"]:
+        goals_str = "; ".join(profile["goals"][-3:])
+        sections.append(f"CURRENT GOALS: {goals_str}")
+    if profile["preferences"]:
+        prefs_items = list(profile["preferences"].items())[-5:]
+        prefs_str = ", ".join(f"{k}: {v}" for k, v in prefs_items)
+        sections.append(f"PREFERENCES: {prefs_str}")
+    if profile["projects"]:
+        projects_items = list(profile["projects"].items())[-3:]
+        projects_str = "; ".join(f"{k}: {v}" for k, v in projects_items)
+        sections.append(f"ACTIVE PROJECTS: {projects_str}")
+    if profile["expertise_areas"]:
+        expertise_str = ", ".join(profile["expertise_areas"][-5:])
+        sections.append(f"EXPERTISE: {expertise_str}")
+    if profile["constraints"]:
+        constraints_str = "; ".join(profile["constraints"][-3:])
+        sections.append(f"CONSTRAINTS: {constraints_str}")
+    result = "\n".join(sections)
+    return result[:max_tokens] if len(result) > max_tokens else result
+
+
+def validate_insights(insights: dict[str, Any]) -> dict[str, Any]:
+    """Check an UpdateProfile's interaction insights (the seed's dict keys)."""
+    known = {
+        "preferences", "goals", "expertise", "communication_style", "project_context",
+        "success_pattern", "failure_pattern", "interests", "constraints",
+    }  # fmt: skip
+    unknown = set(insights) - known
+    if unknown:
+        raise InvalidArgumentError(f"unknown profile insight {sorted(unknown)[0]!r}")
+    for name in ("goals", "expertise", "interests", "constraints"):
+        if name in insights:
+            st.texts(insights[name], name, limit=st.MAX_KEY * 16)
+    for name in ("communication_style", "success_pattern", "failure_pattern"):
+        if name in insights:
+            st.text(insights[name], name, limit=st.MAX_KEY * 16)
+    if "preferences" in insights:
+        prefs = insights["preferences"]
+        if len(prefs) > MAX_PREFERENCES:
+            raise InvalidArgumentError(f"more than {MAX_PREFERENCES} preferences")
+        for k in prefs:
+            st.key(k, "a preference key")
+        st.json_value(prefs, "preferences", limit=st.MAX_JSON_BYTES // 4)
+    if "project_context" in insights:
+        st.string_map(insights["project_context"], "project_context")
+    return insights
+
+
+@dataclass
+class _TenantProfiles:
+    root: Path
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    journal: Journal | None = None
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    snapshot_bytes: int = 0
+    damaged: str = ""
+
+
+class Profiles:
+    def __init__(self, store: Store, *, compact_min_bytes: int = 4 << 20) -> None:
+        self.store = store
+        self.compact_min_bytes = compact_min_bytes
+        self._lock = threading.Lock()
+        self._tenants: dict[str, _TenantProfiles] = {}
+
+    # -- recovery ----------------------------------------------------------------
+
+    def recover(self) -> dict[str, int]:
+        """Replay every tenant's profile journal (cutting a torn tail)."""
+        report = collections.Counter[str]()
+        for name in self.store.existing_tenant_names():
+            root = self.store.tenants_root / name / DIRECTORY
+            jpath = root / JOURNAL
+            with contextlib.suppress(FileNotFoundError):
+                (root / (JOURNAL + ".tmp")).unlink()  # an interrupted compaction
+            if not jpath.exists():
+                continue
+            tp = _TenantProfiles(root)
+            replay = journal_mod.read_records(jpath)
+            if replay.torn_bytes:
+                journal_mod.truncate(jpath, replay.valid_bytes)
+                report["torn_tails_cut"] += 1
+                log.warning("cut a torn profile journal tail of %d bytes", replay.torn_bytes)
+            for record in replay.records:
+                _apply(tp.profiles, record)
+            if replay.corrupt_at is not None:
+                tp.damaged = (
+                    f"the profile journal of tenant {name!r} is damaged at byte {replay.corrupt_at}"
+                )
+                report["damaged_profile_journals"] += 1
+                log.error(tp.damaged)
+            tp.journal = self.store.open_journal(jpath)
+            with self._lock:
+                self._tenants[name] = tp
+            report["profiles"] += len(tp.profiles)
+        return dict(report)
+
+    def _tenant(self, tenant: str, *, create: bool) -> _TenantProfiles | None:
+        with self._lock:
+            tp = self._tenants.get(tenant)
+            if tp is None and create:
+                tp = _TenantProfiles(self.store.tenant(tenant).root / DIRECTORY)
+                self._tenants[tenant] = tp
+        return tp
+
+    # -- operations ----------------------------------------------------------------
+
+    def get(self, tenant: str, user_id: str) -> dict[str, Any]:
+        validate_id(user_id, "user_id")
+        tp = self._tenant(tenant, create=False)
+        if tp is not None:
+            with tp.lock:
+                _check(tp)
+                profile = tp.profiles.get(user_id)
+                if profile is not None:
+                    return profile
+        raise NotFoundError(f"user {user_id!r} has no profile")
+
+    def update(
+        self, tenant: str, user_id: str, insights: dict[str, Any], *, synthesized: bool = False
+    ) -> tuple[dict[str, Any], bool]:
+        """update_from_interaction, atomically; (the new profile, whether it was created)."""
+        validate_id(user_id, "user_id")
+        validate_insights(insights)
+        tp = self._tenant(tenant, create=True)
+        assert tp is not None
+        with tp.lock:
+            _check(tp)
+            at = time.time()
+            old = tp.profiles.get(user_id)
+            profile = update_from_interaction(
+                old or new_profile(user_id, at), insights, at, synthesized=synthesized
+            )
+            journal = self._journal(tp)
+            offset = journal.append(
+                Record("profile.put", {"at": at, "user_id": user_id, "profile": profile})
+            )
+            tp.profiles[user_id] = profile
+            self._maybe_compact(tp)
+        journal.sync(offset)  # after a compaction: at once (it synced this journal)
+        return profile, old is None
+
+    def delete(self, tenant: str, user_id: str) -> None:
+        validate_id(user_id, "user_id")
+        tp = self._tenant(tenant, create=False)
+        if tp is None:
+            raise NotFoundError(f"user {user_id!r} has no profile")
+        with tp.lock:
+            _check(tp)
+            if user_id not in tp.profiles:
+                raise NotFoundError(f"user {user_id!r} has no profile")
+            journal = self._journal(tp)
+            offset = journal.append(
+                Record("profile.delete", {"at": time.time(), "user_id": user_id})
+            )
+            del tp.profiles[user_id]
+            self._maybe_compact(tp)
+        journal.sync(offset)
+
+    def compress(self, tenant: str, user_id: str, max_tokens: int = 0) -> tuple[str, bool]:
+        if max_tokens < 0:
+            raise InvalidArgumentError("max_tokens must not be negative")
+        limit = max_tokens or DEFAULT_COMPRESS_CHARS
+        profile = self.get(tenant, user_id)
+        full = compress(profile, 1 << 62)
+        return full[:limit], len(full) > limit
+
+    # -- journal -----------------------------------------------------------------------
+
+    def _journal(self, tp: _TenantProfiles) -> Journal:
+        if tp.journal is None:
+            fresh = not tp.root.exists()
+            tp.root.mkdir(parents=True, exist_ok=True)
+            if fresh:
+                fsync_dir(tp.root.parent)
+            tp.journal = self.store.open_journal(tp.root / JOURNAL)
+            fsync_dir(tp.root)
+        return tp.journal
+
+    def _maybe_compact(self, tp: _TenantProfiles) -> None:
+        """Rewrite the journal as one snapshot once it outgrows its threshold (lock held)."""
+        old = tp.journal
+        if old is None or old.size <= max(self.compact_min_bytes, 4 * tp.snapshot_bytes):
+            return
+        old.sync_now()  # writers still waiting on `old` find their records synced
+        jpath = tp.root / JOURNAL
+        snapshot = Record("snapshot", {"at": time.time(), "profiles": tp.profiles})
+        journal_mod.rewrite(jpath, [snapshot])
+        tp.journal = self.store.open_journal(jpath)
+        tp.snapshot_bytes = tp.journal.size
+        old.close()
+
+
+def _apply(profiles: dict[str, dict[str, Any]], record: Record) -> None:
+    body = record.body
+    if record.kind == "snapshot":
+        profiles.clear()
+        profiles.update(body["profiles"])
+    elif record.kind == "profile.put":
+        profiles[body["user_id"]] = body["profile"]
+    elif record.kind == "profile.delete":
+        profiles.pop(body["user_id"], None)
+    else:
+        raise DataLossError(f"profile journal record of unknown kind {record.kind!r}")
+
+
+def _check(tp: _TenantProfiles) -> None:
+    if tp.damaged:
+        raise DataLossError(tp.damaged)

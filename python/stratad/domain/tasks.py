@@ -1,0 +1,258 @@
+"""Tasks and global state of a session (seed 002, AIWhisperer's state dict).
+
+``SessionState.structured["tasks"]``::
+
+    {"tasks": {task_id: {"status": "pending" | "in-progress" | "completed" | "failed",
+                         "result": <JSON>,           # once stored
+                         "created_at": float, "updated_at": float}},
+     "global_state": {key: <JSON>}}
+
+As in the seed, updating the status or storing the result of an unknown task
+creates it; a task created by its result has no status yet. Record kinds:
+task.status, task.result, task.global.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from stratad.domain import structured as st
+from stratad.domain.ids import validate_id
+from stratad.domain.models import SessionState, reducer
+from stratad.domain.sessions import Commit, LiveSession, SessionManager
+from stratad.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
+
+FACET = "tasks"
+#: Most tasks, and most global state keys, of one session.
+MAX_TASKS = 100_000
+MAX_GLOBAL_KEYS = 10_000
+
+
+class TaskStatus(enum.StrEnum):
+    """The seed's four statuses, spelled as the seed spells them."""
+
+    PENDING = "pending"
+    IN_PROGRESS = "in-progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class GlobalMode(enum.StrEnum):
+    SET = "set"
+    APPEND = "append"
+    MERGE = "merge"
+
+
+def _facet(state: SessionState) -> dict[str, Any]:
+    facet: dict[str, Any] | None = state.structured.get(FACET)
+    if facet is None:
+        facet = {"tasks": {}, "global_state": {}}
+        state.structured[FACET] = facet
+    return facet
+
+
+def _tasks(state: SessionState) -> dict[str, Any]:
+    facet: dict[str, Any] = state.structured.get(FACET) or {}
+    return facet.get("tasks", {})  # type: ignore[no-any-return]
+
+
+def _globals(state: SessionState) -> dict[str, Any]:
+    facet: dict[str, Any] = state.structured.get(FACET) or {}
+    return facet.get("global_state", {})  # type: ignore[no-any-return]
+
+
+# -- reducers ------------------------------------------------------------------------------
+
+
+def _touch(state: SessionState, task_id: str, at: float, **change: Any) -> None:
+    tasks = _facet(state)["tasks"]
+    old = tasks.get(task_id) or {"created_at": at}
+    tasks[task_id] = {**old, **change, "updated_at": at}
+
+
+@reducer("task.status")
+def _apply_status(state: SessionState, body: dict[str, Any]) -> None:
+    _touch(state, body["task_id"], body["at"], status=body["task_status"])
+
+
+@reducer("task.result")
+def _apply_result(state: SessionState, body: dict[str, Any]) -> None:
+    _touch(state, body["task_id"], body["at"], result=body["result"])
+
+
+@reducer("task.global")
+def _apply_global(state: SessionState, body: dict[str, Any]) -> None:
+    values = _facet(state)["global_state"]
+    values[body["key"]] = merged(values.get(body["key"]), body["value"], GlobalMode(body["mode"]))
+
+
+def merged(old: Any, value: Any, mode: GlobalMode) -> Any:
+    """The new value of a global key (a new list or dict: readers may hold the old one)."""
+    if mode is GlobalMode.APPEND:
+        return [*(old or []), value]
+    if mode is GlobalMode.MERGE:
+        return {**(old or {}), **value}
+    return value
+
+
+# -- the service -----------------------------------------------------------------------------
+
+
+class Tasks:
+    def __init__(self, sessions: SessionManager) -> None:
+        self.sessions = sessions
+
+    def update_status(
+        self,
+        tenant: str,
+        session_id: str,
+        task_id: str,
+        status: TaskStatus | str,
+        *,
+        expected_version: int = 0,
+        commit: Commit | None = None,
+    ) -> st.Applied[dict[str, Any]]:
+        """Set a task's status (creating the task); the result is the task without its result."""
+        validate_id(task_id, "task_id")
+        task_status = _status(status)
+
+        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], dict[str, Any]]:
+            old = _check_room(live.state, task_id)
+            task: dict[str, Any] = {"created_at": at}
+            if old:
+                task = {k: v for k, v in old.items() if k != "result"}
+            task.update(status=task_status.value, updated_at=at)
+            return {"task_id": task_id, "task_status": task_status.value}, task
+
+        return st.mutate(
+            self.sessions, tenant, session_id, expected_version, "task.status", plan, commit=commit
+        )
+
+    def store_result(
+        self,
+        tenant: str,
+        session_id: str,
+        task_id: str,
+        result: Any,
+        *,
+        expected_version: int = 0,
+        commit: Commit | None = None,
+    ) -> st.Applied[None]:
+        validate_id(task_id, "task_id")
+        st.json_value(result, "result")
+
+        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], None]:
+            _check_room(live.state, task_id)
+            return {"task_id": task_id, "result": result}, None
+
+        return st.mutate(
+            self.sessions, tenant, session_id, expected_version, "task.result", plan, commit=commit
+        )
+
+    def get_task(self, tenant: str, session_id: str, task_id: str) -> st.Applied[dict[str, Any]]:
+        """The task (status, result when stored, times); NOT_FOUND if unknown."""
+        validate_id(task_id, "task_id")
+
+        def get(state: SessionState) -> dict[str, Any]:
+            task = _tasks(state).get(task_id)
+            if task is None:
+                raise NotFoundError(f"task {task_id!r} not found in session {session_id!r}")
+            return task  # type: ignore[no-any-return]
+
+        return st.read(self.sessions, tenant, session_id, get)
+
+    def list_tasks(
+        self, tenant: str, session_id: str, status: TaskStatus | str | None = None
+    ) -> st.Applied[list[tuple[str, dict[str, Any]]]]:
+        """(task_id, task) in creation order, optionally only those of `status`."""
+        wanted = _status(status).value if status else None
+        return st.read(
+            self.sessions,
+            tenant,
+            session_id,
+            lambda s: [
+                (task_id, task)
+                for task_id, task in _tasks(s).items()
+                if wanted is None or task.get("status") == wanted
+            ],
+        )
+
+    def update_global(
+        self,
+        tenant: str,
+        session_id: str,
+        key: str,
+        value: Any,
+        *,
+        mode: GlobalMode | str = GlobalMode.SET,
+        expected_version: int = 0,
+        commit: Commit | None = None,
+    ) -> st.Applied[Any]:
+        """Set, append to or merge into one global key; the result is its new value."""
+        st.key(key, "key")
+        st.json_value(value, "value")
+        try:
+            how = GlobalMode(mode)
+        except ValueError:
+            raise InvalidArgumentError(f"unknown global state update mode {mode!r}") from None
+        if how is GlobalMode.MERGE and not isinstance(value, dict):
+            raise InvalidArgumentError("MERGE needs an object value")
+
+        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], Any]:
+            values = _globals(live.state)
+            old = values.get(key)
+            if key not in values and len(values) >= MAX_GLOBAL_KEYS:
+                raise ResourceExhaustedError(
+                    f"session {session_id!r} has {MAX_GLOBAL_KEYS} global state keys, the limit"
+                )
+            if how is GlobalMode.APPEND and old is not None and not isinstance(old, list):
+                raise FailedPreconditionError(f"global state key {key!r} does not hold a list")
+            if how is GlobalMode.MERGE and old is not None and not isinstance(old, dict):
+                raise FailedPreconditionError(f"global state key {key!r} does not hold an object")
+            new = merged(old, value, how)
+            if how is not GlobalMode.SET:
+                st.json_value(new, f"the value of global state key {key!r}")
+            return {"key": key, "value": value, "mode": how.value}, new
+
+        return st.mutate(
+            self.sessions, tenant, session_id, expected_version, "task.global", plan, commit=commit
+        )
+
+    def get_global(self, tenant: str, session_id: str, key: str = "") -> st.Applied[Any]:
+        """One key's value (NOT_FOUND when unset) or, with no key, the whole global state."""
+        if key:
+            st.key(key, "key")
+
+        def get(state: SessionState) -> Any:
+            values = _globals(state)
+            if not key:
+                return dict(values)
+            if key not in values:
+                raise NotFoundError(f"global state key {key!r} is not set")
+            return values[key]
+
+        return st.read(self.sessions, tenant, session_id, get)
+
+
+def _status(status: TaskStatus | str) -> TaskStatus:
+    try:
+        return TaskStatus(status)
+    except ValueError:
+        allowed = ", ".join(s.value for s in TaskStatus)
+        raise InvalidArgumentError(f"unknown task status {status!r} ({allowed})") from None
+
+
+def _check_room(state: SessionState, task_id: str) -> dict[str, Any] | None:
+    tasks = _tasks(state)
+    old: dict[str, Any] | None = tasks.get(task_id)
+    if old is None and len(tasks) >= MAX_TASKS:
+        raise ResourceExhaustedError(
+            f"session {state.session_id!r} has {MAX_TASKS} tasks, the limit"
+        )
+    return old
