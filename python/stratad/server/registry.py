@@ -93,14 +93,26 @@ def _services() -> tuple[ServiceRegistration, ...]:
     from stratad.api.v1 import (
         admin_pb2,
         admin_pb2_grpc,
+        agent_pb2,
+        agent_pb2_grpc,
         checkpoint_pb2,
         checkpoint_pb2_grpc,
+        cognitive_pb2,
+        cognitive_pb2_grpc,
+        profile_pb2,
+        profile_pb2_grpc,
         session_pb2,
         session_pb2_grpc,
+        task_pb2,
+        task_pb2_grpc,
     )
     from stratad.server.servicers.admin import AdminServicer
+    from stratad.server.servicers.agent import AgentStateServicer
     from stratad.server.servicers.checkpoint import CheckpointServicer
+    from stratad.server.servicers.cognitive import CognitiveStateServicer
+    from stratad.server.servicers.profile import ProfileServicer
     from stratad.server.servicers.session import SessionServicer
+    from stratad.server.servicers.task import TaskServicer
 
     return (
         ServiceRegistration(
@@ -117,6 +129,26 @@ def _services() -> tuple[ServiceRegistration, ...]:
             service_name(admin_pb2, "AdminService"),
             admin_pb2_grpc.add_AdminServiceServicer_to_server,
             AdminServicer,
+        ),
+        ServiceRegistration(
+            service_name(cognitive_pb2, "CognitiveStateService"),
+            cognitive_pb2_grpc.add_CognitiveStateServiceServicer_to_server,
+            CognitiveStateServicer,
+        ),
+        ServiceRegistration(
+            service_name(task_pb2, "TaskService"),
+            task_pb2_grpc.add_TaskServiceServicer_to_server,
+            TaskServicer,
+        ),
+        ServiceRegistration(
+            service_name(agent_pb2, "AgentStateService"),
+            agent_pb2_grpc.add_AgentStateServiceServicer_to_server,
+            AgentStateServicer,
+        ),
+        ServiceRegistration(
+            service_name(profile_pb2, "ProfileService"),
+            profile_pb2_grpc.add_ProfileServiceServicer_to_server,
+            ProfileServicer,
         ),
     )
 

@@ -1,0 +1,84 @@
+"""JSON values <-> google.protobuf.Value / Struct, for the structured-state servicers.
+
+JSON has one number type and google.protobuf.Value carries doubles, so an
+integral number within 2**53 comes back as a Python int (a task result
+``{"n": 3}`` stays ``{"n": 3}``, not ``3.0``). A Value with no kind set is
+"missing", not null; NaN and infinities are not JSON and are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from google.protobuf import struct_pb2
+
+from stratad.errors import InvalidArgumentError
+
+_EXACT = 2**53
+
+
+def to_py(value: struct_pb2.Value, what: str = "value") -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return struct_to_py(value.struct_value, what)
+    if kind == "list_value":
+        return [to_py(v, what) for v in value.list_value.values]
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        n = value.number_value
+        if not math.isfinite(n):
+            raise InvalidArgumentError(f"{what} holds {n}, which is not a JSON number")
+        return int(n) if n.is_integer() and abs(n) <= _EXACT else n
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "null_value":
+        return None
+    raise InvalidArgumentError(f"{what} is required (a google.protobuf.Value with a kind set)")
+
+
+def struct_to_py(value: struct_pb2.Struct, what: str = "value") -> dict[str, Any]:
+    return {k: to_py(v, what) for k, v in value.fields.items()}
+
+
+def structs_to_py(values: Iterable[struct_pb2.Struct], what: str) -> list[dict[str, Any]]:
+    return [struct_to_py(v, what) for v in values]
+
+
+def set_value(out: struct_pb2.Value, value: Any) -> struct_pb2.Value:
+    """Fill `out` with the JSON value `value`; return it."""
+    if value is None:
+        out.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(value, bool):
+        out.bool_value = value
+    elif isinstance(value, (int, float)):
+        out.number_value = value
+    elif isinstance(value, str):
+        out.string_value = value
+    elif isinstance(value, dict):
+        fill_struct(out.struct_value, value)
+    elif isinstance(value, (list, tuple)):
+        items = out.list_value
+        items.SetInParent()
+        for item in value:
+            set_value(items.values.add(), item)
+    else:  # the domain only stores JSON values
+        raise TypeError(f"not a JSON value: {type(value).__name__}")
+    return out
+
+
+def to_value(value: Any) -> struct_pb2.Value:
+    return set_value(struct_pb2.Value(), value)
+
+
+def fill_struct(out: struct_pb2.Struct, value: dict[str, Any]) -> struct_pb2.Struct:
+    out.SetInParent()
+    for k, v in value.items():
+        set_value(out.fields[k], v)
+    return out
+
+
+def to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    return fill_struct(struct_pb2.Struct(), value)
