@@ -295,8 +295,8 @@ class SessionManager:
         initial: Builder | None = None,
     ) -> SessionInfo:
         """Create a session; `initial` may add its first record (ForkSession)."""
-        if keep_last < 0 or max_age_seconds < 0:
-            raise InvalidArgumentError("keep_last and max_age must not be negative")
+        if keep_last < 0 or not max_age_seconds >= 0:  # `not >=` also refuses NaN
+            raise InvalidArgumentError("keep_last and max_age_seconds must be non-negative numbers")
         session_id = validate_id(session_id, "session_id") if session_id else new_id("sess")
         store = self.store.tenant(tenant)
         now = time.time()
