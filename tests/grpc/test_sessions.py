@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Iterator
@@ -97,8 +98,9 @@ def test_create_twice_is_already_exists_and_keeps_the_first(api: Api) -> None:
     assert api.get("dup").labels == first.labels
 
 
-def test_create_rejects_a_negative_max_age(api: Api) -> None:
-    retention = session_pb2.RetentionPolicy(max_age_seconds=-1)
+@pytest.mark.parametrize("max_age", [-1.0, math.nan])
+def test_create_rejects_a_negative_or_nan_max_age(api: Api, max_age: float) -> None:
+    retention = session_pb2.RetentionPolicy(max_age_seconds=max_age)
     request = session_pb2.CreateSessionRequest(session_id="neg", retention=retention)
     api.fails(api.sessions.CreateSession, request, INVALID, "max_age")
     api.fails(api.sessions.GetSession, session_pb2.GetSessionRequest(session_id="neg"), NOT_FOUND)
