@@ -885,6 +885,21 @@ def test_save_states_fails_bad_items_and_goes_on(s: str, api: Api) -> None:
     assert api.load(s).data == b"ok 3"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: gRPC's receive limit (max_message_bytes) refuses an oversized item "
+    "before the servicer sees it, so the whole stream ends RESOURCE_EXHAUSTED and the items "
+    "saved before it never get their answers",
+)
+def test_save_states_fails_an_oversized_item_and_goes_on(start_api: Callable[..., Api]) -> None:
+    api = start_api(max_message_bytes=64 << 10)
+    api.create("s")
+    big = save_request(data=os.urandom(70_000))
+    responses = save_states(api, [save_request(data=b"a"), big, save_request(data=b"c")])
+    assert [r.error.code for r in responses] == [0, EXHAUSTED.value[0], 0]
+    assert api.load("s").data == b"c"
+
+
 def test_save_states_of_nothing_answers_nothing(api: Api) -> None:
     assert save_states(api, []) == []
 
