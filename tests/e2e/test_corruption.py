@@ -233,10 +233,7 @@ OBJECT_DAMAGE: dict[str, ObjectDamage] = {
 }
 
 
-KNOWN_OBJECT_DAMAGE_BUGS = {
-    "delete": "objects.py ObjectStore.read_frame: an object file missing at start is not in "
-    "the index, so reading it raises NotFoundError (NOT_FOUND) instead of DATA_LOSS",
-}
+KNOWN_OBJECT_DAMAGE_BUGS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
@@ -390,13 +387,7 @@ TORN_TAILS: dict[str, Callable[[random.Random], bytes]] = {
     "garbage": garbage,
     "zero-filled": zero_filled,
 }
-KNOWN_TORN_TAIL_BUGS = {
-    "garbage": "journal.py _is_torn_tail: a length field above MAX_RECORD_BYTES is damage "
-    "unless the rest is zeros, though docs/storage.md calls a record whose length runs past "
-    "the end of the file a torn tail",
-    "zero-filled": "journal.py _is_torn_tail: an all-zero tail reads as a record of length 0 "
-    "that ends before the end of the file, so it is damage, not a torn tail",
-}
+KNOWN_TORN_TAIL_BUGS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
@@ -454,15 +445,7 @@ def journal_damage_in_length(path: Path, record: JournalRecord) -> None:
     "where",
     [
         "payload",
-        pytest.param(
-            "length",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="journal.py read_records/_is_torn_tail: a damaged length that runs "
-                "past the end of the file reads as a torn tail, so every later "
-                "acknowledged record is cut silently instead of reported as damage",
-            ),
-        ),
+        "length",
     ],
 )
 def test_journal_damaged_in_the_middle_is_data_loss_for_its_session(

@@ -258,12 +258,6 @@ def test_disk_full_while_creating_a_session(tmp_path: Path, disk_full: DiskFull)
         assert_loads(engine, saved)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="objects.py ObjectStore.put/needs_inline: the objects of a save whose journal "
-    "append failed stay registered as carried by this session's journal, so the retried "
-    "save's record does not carry them and they exist only in memory until flushed",
-)
 def test_save_retried_after_disk_full_survives_a_crash(tmp_path: Path, disk_full: DiskFull) -> None:
     rng = random.Random(2)
     # No background tick: objects stay where the save path leaves them.

@@ -257,7 +257,11 @@ class Checkpoints:
             structured=copy.deepcopy(live.state.structured) if live.state.structured else {},
         )
         dropped = retention_drops(live, at, keep=checkpoint_id)
-        return save_mutation(checkpoint, version, at, inline, dropped)
+        mutation = save_mutation(checkpoint, version, at, inline, dropped)
+        mutation.on_abort = functools.partial(
+            live.tenant.objects.orphan, [digest for digest, _ in inline]
+        )
+        return mutation
 
     def _new_checkpoint_id(self, live: LiveSession, requested: str) -> str:
         if not requested:

@@ -113,6 +113,8 @@ class Mutation:
     record: Record
     event: SessionEvent
     result: Any = None
+    #: Undoes side effects of building the record if it cannot be journaled.
+    on_abort: Callable[[], None] | None = None
 
 
 Builder = Callable[[LiveSession, int, float], Mutation]
@@ -377,12 +379,15 @@ class SessionManager:
         with live.lock:
             check_usable(live)
             check_version(live, expected_version)
+            mutation = None
             try:
                 mutation = build(live, live.state.version + 1, time.time())
                 journal = live.journal
                 offset = journal.append(mutation.record)
             except BaseException:
                 self._release_claims(live)
+                if mutation is not None and mutation.on_abort is not None:
+                    mutation.on_abort()
                 raise
             live.claimed.clear()  # journaled: the claimed IDs stay in the index
             apply(live.state, mutation.record.kind, mutation.record.body)

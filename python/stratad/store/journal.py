@@ -137,20 +137,14 @@ def _read_record(data: bytes, pos: int) -> tuple[Record, int] | None:
 def _is_torn_tail(data: bytes, pos: int) -> bool:
     """True when the invalid bytes at `pos` can only be an interrupted append.
 
-    An append writes one record at the end; a crash can leave its prefix, or
-    its full length with unwritten (zero) or garbage content. In every such
-    case the declared length reaches the end of the file or beyond, or the
-    header itself is incomplete. If a complete, well-formed record header
-    declares a record that ends before the end of the file, there are later
-    bytes that were written after it: that is damage, not a torn tail.
+    An append writes one record at the end; a crash can leave any prefix of
+    it, or its length with unwritten (zero) or garbage content. What it cannot
+    leave is a valid record *after* the bad bytes: if one exists, later
+    acknowledged writes follow the bad spot, so it is damage (a flipped bit in
+    a length or payload), reported rather than cut.
     """
-    if len(data) - pos < _HEADER.size:
-        return True
-    length: int = _HEADER.unpack_from(data, pos)[0]
-    if length > MAX_RECORD_BYTES:
-        # Garbage header: torn if everything after it is zero-filled.
-        return not any(data[pos + _HEADER.size :])
-    return pos + _HEADER.size + length >= len(data)
+    last_start = len(data) - _HEADER.size
+    return not any(_read_record(data, k) is not None for k in range(pos + 1, last_start + 1))
 
 
 class Journal:

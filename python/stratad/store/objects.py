@@ -21,11 +21,11 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from stratad import native
-from stratad.errors import CorruptObjectError, DataLossError, NotFoundError
+from stratad.errors import CorruptObjectError, DataLossError
 from stratad.store.fsync import sync_files
 from stratad.store.journal import storage_error
 
@@ -33,6 +33,8 @@ _TMP_SUFFIX = ".tmp"
 #: Verification decodes whatever size the (checked) header declares; this is a
 #: sanity bound, not a quota: quotas are enforced when data comes in.
 NO_SIZE_LIMIT = 1 << 40
+#: Carrier of an unsynced object that no journal record carries (see orphan).
+_NO_CARRIER = ""
 #: Pending (not yet written) object bytes above which writers flush themselves.
 MAX_PENDING_BYTES = 64 << 20
 
@@ -105,6 +107,18 @@ class ObjectStore:
         """
         carrier = self._unsynced.get(digest)
         return carrier is not None and carrier != owner
+
+    def orphan(self, digests: Iterable[str]) -> None:
+        """The journal record meant to carry these objects was never written.
+
+        They stay (a concurrent save of another session may already point at
+        them, with its own inline copy), but until their files are synced every
+        record that references them must carry its own copy.
+        """
+        with self._lock:
+            for digest in digests:
+                if digest in self._unsynced:
+                    self._unsynced[digest] = _NO_CARRIER
 
     def put(self, digest: str, frame: bytes, owner: str) -> int:
         """Store a framed object unless present; return the bytes added.
@@ -189,9 +203,9 @@ class ObjectStore:
         try:
             return self.path_of(digest).read_bytes()
         except FileNotFoundError:
-            if digest in self._sizes:
-                raise DataLossError(f"object {digest} is missing from the store") from None
-            raise NotFoundError(f"object {digest} not found") from None
+            # Whoever asks for an object has a reference to it: its absence is
+            # damage to the store, never "not found".
+            raise DataLossError(f"object {digest} is missing from the store") from None
 
     def get(self, digest: str, max_size: int) -> bytes:
         """Read, verify and decompress an object; damage is DATA_LOSS, never data."""
