@@ -188,6 +188,17 @@ def test_gc_frees_checkpoints_dropped_by_retention(api: Api) -> None:
     assert verify(api).ok
 
 
+def test_gc_after_retention_keeps_what_the_remaining_deltas_need(api: Api) -> None:
+    api.create("s", retention=session_pb2.RetentionPolicy(keep_last=2))
+    states = conversation(25)  # manifests are deltas on the previous, now dropped, ones
+    for state in states:
+        api.save("s", state)
+        collect(api)
+    for checkpoint_id, state in zip(api.checkpoint_ids("s"), states[::-1], strict=False):
+        assert api.load("s", checkpoint_id=checkpoint_id).data == state
+    assert verify(api).ok
+
+
 def test_gc_collects_only_the_callers_tenant(api: Api) -> None:
     mine, theirs = api.as_tenant("mine"), api.as_tenant("theirs")
     mine.create("s")

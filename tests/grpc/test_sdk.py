@@ -262,6 +262,16 @@ def test_sdk_uploads_chunks_again_after_gc_removed_them(client: stratad.Client) 
     assert saved.digest == client.load_state("b").digest
 
 
+def test_sdk_saves_with_keep_last_one_and_gc_after_every_step(client: stratad.Client) -> None:
+    client.create_session("s", keep_last=1)
+    for state in growing_states(10):
+        client.save_state("s", state)
+        client.collect_garbage()
+        assert client.load_state("s").data == state
+    assert client.get_session("s").checkpoint_count == 1
+    assert client.verify().ok
+
+
 def test_sdk_recovers_when_its_base_checkpoint_is_gone(api: Api, client: stratad.Client) -> None:
     states = growing_states(3)
     client.create_session("s")
