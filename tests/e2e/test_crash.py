@@ -128,7 +128,8 @@ class WriterLog:
     in_flight: Save | None = None
     error: BaseException | None = None
     error_before_kill: bool = False
-    first_ack: threading.Event = field(default_factory=threading.Event)
+    #: Set when the writer's first save is answered (acknowledged or failed).
+    first_answer: threading.Event = field(default_factory=threading.Event)
 
 
 def small_states(rng: random.Random) -> Iterator[bytes]:
@@ -167,7 +168,8 @@ def run_writer(
     spec = log.spec
     rng = random.Random(f"{seed}:{spec.name}")
     states = growing_states(rng, spec.name) if spec.growing else small_states(rng)
-    # Give up quickly once the daemon is gone (the SDK retries UNAVAILABLE).
+    # Once the daemon is dead a call fails at once (after the SDK's few
+    # UNAVAILABLE retries); the timeout only bounds a call that hangs.
     with stratad.Client(target, timeout=30.0, chunked_uploads=spec.chunked_uploads) as client:
         for seq, data in enumerate(states):
             if stop.is_set():
@@ -184,12 +186,13 @@ def run_writer(
             except Exception as exc:  # recorded here, judged by the test
                 log.error = exc
                 log.error_before_kill = not killed.is_set()
+                log.first_answer.set()
                 return
             log.acknowledged.append(
                 Save(seq, response.checkpoint_id, data, response.digest, response.version)
             )
             log.in_flight = None
-            log.first_ack.set()
+            log.first_answer.set()
 
 
 @dataclass
@@ -228,11 +231,13 @@ def run_until_killed(daemon: Daemon, crash: CrashRound) -> None:
             thread.start()
         deadline = time.monotonic() + FIRST_SAVES_TIMEOUT
         for log in crash.logs:
-            if not log.first_ack.wait(max(0.0, deadline - time.monotonic())):
+            if not log.first_answer.wait(max(0.0, deadline - time.monotonic())):
                 pytest.fail(
-                    f"writer {log.spec.name} had no save acknowledged within "
-                    f"{FIRST_SAVES_TIMEOUT}s (error: {log.error!r}); {crash.describe()}"
+                    f"writer {log.spec.name} had no save answered within "
+                    f"{FIRST_SAVES_TIMEOUT}s; {crash.describe()}"
                 )
+            if log.error is not None:
+                pytest.fail(f"writer {log.spec.name} failed: {log.error!r}; {crash.describe()}")
         time.sleep(crash.kill_delay)  # the random moment of the crash, not a synchronisation
         killed.set()
         daemon.signal(signal.SIGKILL)
