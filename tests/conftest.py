@@ -190,6 +190,8 @@ def inprocess_server(tmp_path: Path) -> Iterator[Callable[..., InProcessServer]]
     def start(services: Iterable[ServiceRegistration] = (), **config: Any) -> InProcessServer:
         config.setdefault("listen", "127.0.0.1:0")
         config.setdefault("data_dir", tmp_path / f"data{len(started)}")
+        # No fixed metrics port: tests run side by side (metrics_listen="127.0.0.1:0" to test it).
+        config.setdefault("metrics_listen", "")
         server = InProcessServer(Config(**config), services)
         started.append(server)
         return server.start()

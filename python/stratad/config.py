@@ -43,6 +43,7 @@ class Config:
     """Everything `stratad serve` can be told. Field names are the TOML keys."""
 
     listen: str = "127.0.0.1:50051"
+    listen_unix: str = ""
     data_dir: Path = Path("./stratad-data")
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
@@ -51,6 +52,8 @@ class Config:
     max_concurrent_rpcs: int = 0
     durability: Durability = "fsync"
     fsync_interval_ms: int = 100
+    metrics_listen: str = "127.0.0.1:9464"
+    metrics_stats_interval: float = 30.0
 
     def __post_init__(self) -> None:
         # Code (tests, embedders) may build a Config directly: hold it to the
@@ -92,6 +95,34 @@ def _parse_listen(raw: object) -> str:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"port must be a number from 0 to 65535, got {port!r}")
     return value
+
+
+#: Values that turn an optional listener off ("" cannot be given through the
+#: environment, where an empty variable means "not set").
+_OFF: Final = ("", "off", "none")
+
+
+def _parse_unix_path(raw: object) -> str:
+    """A socket path (``/run/s.sock`` or ``unix:/run/s.sock``) as a ``unix:`` address; "" = off."""
+    value = _parse_str(raw).strip()
+    if value.lower() in _OFF:
+        return ""
+    path = value.removeprefix("unix:")
+    if not path.lstrip("/"):
+        raise ValueError("expected a socket path, e.g. /run/stratad/stratad.sock")
+    if path.startswith("//"):  # unix:///abs/path
+        path = path[2:]
+    return "unix:" + path
+
+
+def _parse_metrics_listen(raw: object) -> str:
+    """HOST:PORT for the Prometheus endpoint; "", "off" or "none" turn it off."""
+    value = _parse_str(raw).strip()
+    if value.lower() in _OFF:
+        return ""
+    if value.startswith("unix:"):
+        raise ValueError("the metrics endpoint is HTTP on TCP: expected HOST:PORT, or off")
+    return _parse_listen(value)
 
 
 def _parse_path(raw: object) -> Path:
@@ -178,6 +209,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "ADDR",
     ),
     Option(
+        "listen_unix",
+        _parse_unix_path,
+        "also serve gRPC on this unix socket path (for clients in the same pod or host), "
+        "besides listen; empty or off = no second listener",
+        "PATH",
+    ),
+    Option(
         "data_dir",
         _parse_path,
         "data directory; created if missing, locked while the daemon runs",
@@ -220,6 +258,20 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _number(int, 1),
         "milliseconds between fsyncs in durability mode 'interval'",
         "MS",
+    ),
+    Option(
+        "metrics_listen",
+        _parse_metrics_listen,
+        "HOST:PORT of the Prometheus metrics endpoint (HTTP, path /metrics); "
+        "empty or off = no metrics endpoint",
+        "ADDR",
+    ),
+    Option(
+        "metrics_stats_interval",
+        _number(float, 0),
+        "seconds a computed set of store metrics (bytes, dedup ratio, objects) is reused "
+        "before a scrape computes it again; 0 = on every scrape",
+        "SECONDS",
     ),
 )
 OPTIONS_BY_NAME: Final = {option.name: option for option in OPTIONS}

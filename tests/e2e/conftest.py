@@ -67,6 +67,8 @@ class Daemon:
 @pytest.fixture
 def stratad_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAD_")}
+    # No fixed metrics port: daemons run side by side (--metrics-listen overrides this).
+    env["STRATAD_METRICS_LISTEN"] = "off"
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PYTHON_SOURCE), env.get("PYTHONPATH", "")) if p
     )

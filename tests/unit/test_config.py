@@ -49,6 +49,7 @@ def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path) -> No
 def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
     values = {
         "listen": "unix:/run/stratad.sock",
+        "listen_unix": "/run/stratad/local.sock",
         "data_dir": "/var/lib/stratad",
         "log_level": "debug",
         "log_format": "json",
@@ -57,6 +58,8 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "max_concurrent_rpcs": "8",
         "durability": "interval",
         "fsync_interval_ms": "50",
+        "metrics_listen": "localhost:9090",
+        "metrics_stats_interval": "5",
     }
     assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
     if layer == "file":
@@ -70,6 +73,7 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
 
     assert config == Config(
         listen="unix:/run/stratad.sock",
+        listen_unix="unix:/run/stratad/local.sock",
         data_dir=Path("/var/lib/stratad"),
         log_level="debug",
         log_format="json",
@@ -78,6 +82,8 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         max_concurrent_rpcs=8,
         durability="interval",
         fsync_interval_ms=50,
+        metrics_listen="localhost:9090",
+        metrics_stats_interval=5.0,
     )
 
 
@@ -151,6 +157,12 @@ def test_config_error_is_an_invalid_argument_error() -> None:
         ("max_concurrent_rpcs", "-1"),
         ("durability", "sometimes"),
         ("fsync_interval_ms", "0"),
+        ("listen_unix", "unix:"),
+        ("listen_unix", "/"),
+        ("metrics_listen", "9464"),
+        ("metrics_listen", "unix:/tmp/m.sock"),
+        ("metrics_listen", "127.0.0.1:99999"),
+        ("metrics_stats_interval", "-1"),
     ],
 )
 @pytest.mark.parametrize("layer", ["flag", "env", "file"])
@@ -220,3 +232,31 @@ def test_empty_data_dir_is_invalid(tmp_path: Path) -> None:
 def test_unknown_flag_name_is_rejected() -> None:
     with pytest.raises(ConfigError, match="bogus"):
         load_config(flags={"bogus": "1"})
+
+
+@pytest.mark.parametrize("off", ["", "off", "OFF", "none"])
+def test_optional_listeners_can_be_turned_off(off: str) -> None:
+    config = load_config({"metrics_listen": off, "listen_unix": off})
+    assert config.metrics_listen == ""
+    assert config.listen_unix == ""
+
+
+def test_off_through_the_environment() -> None:
+    # An empty variable means "not set", so the environment says "off".
+    env = {"STRATAD_METRICS_LISTEN": "off"}
+    assert load_config(environ=env).metrics_listen == ""
+    assert load_config(environ={"STRATAD_METRICS_LISTEN": ""}).metrics_listen == "127.0.0.1:9464"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("/run/stratad/s.sock", "unix:/run/stratad/s.sock"),
+        ("unix:/run/s.sock", "unix:/run/s.sock"),
+        ("unix:///run/s.sock", "unix:/run/s.sock"),
+        ("relative.sock", "unix:relative.sock"),
+    ],
+)
+def test_listen_unix_is_normalized_to_a_unix_address(raw: str, expected: str) -> None:
+    assert load_config({"listen_unix": raw}).listen_unix == expected
+    assert Config(listen_unix=expected).listen_unix == expected  # idempotent

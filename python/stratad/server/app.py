@@ -23,7 +23,8 @@ from grpc_reflection.v1alpha import reflection
 from stratad import __version__
 from stratad.config import Config
 from stratad.errors import UnavailableError
-from stratad.server.interceptors import ErrorInterceptor
+from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
+from stratad.server.metrics import Metrics
 from stratad.server.registry import SERVICES, Resources, ServiceRegistration, open_resources
 
 _log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class StratadServer:
         resources: Resources,
         address: str,
         service_names: Sequence[str],
+        *,
+        addresses: Sequence[str] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self._server = server
         #: The health servicer, for code that must change a service's status.
@@ -57,6 +61,15 @@ class StratadServer:
         self.address = address
         #: Every service listed by reflection, health and reflection included.
         self.service_names = tuple(service_names)
+        #: Every address served: `address`, then the unix socket (listen_unix) if any.
+        self.addresses = tuple(addresses) or (address,)
+        #: The Prometheus metrics (None when metrics_listen is off).
+        self.metrics = metrics
+
+    @property
+    def metrics_address(self) -> str:
+        """HOST:PORT of the /metrics endpoint, "" when it is off."""
+        return self.metrics.address if self.metrics is not None else ""
 
     async def stop(self, grace: float | None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish for ``grace`` s."""
@@ -64,7 +77,11 @@ class StratadServer:
         # listener closes; watchers and long streams are told via `stopping`.
         await self.health.enter_graceful_shutdown()
         self._resources.stopping.set()
-        await self._server.stop(grace)
+        try:
+            await self._server.stop(grace)
+        finally:
+            if self.metrics is not None:
+                self.metrics.stop()
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()
@@ -75,8 +92,15 @@ async def start_server(
 ) -> StratadServer:
     """Build the server, bind it, start it and report every service SERVING."""
     config = resources.config
+    metrics = (
+        Metrics(resources.engine, resources.data_dir.path, config.metrics_stats_interval)
+        if config.metrics_listen
+        else None
+    )
+    observers: list[CallObserver] = [metrics] if metrics is not None else []
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        # Requests first: it sees the status ErrorInterceptor made of an exception.
+        interceptors=[RequestInterceptor(observers), ErrorInterceptor()],
         options=server_options(config),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
     )
@@ -86,17 +110,37 @@ async def start_server(
     all_names = [*app_names, HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME]
     reflection.enable_server_reflection(all_names, server)
     address = _bind(server, config.listen)
+    addresses = [address]
+    if config.listen_unix:
+        addresses.append(_bind(server, config.listen_unix))
+    if metrics is not None:
+        metrics.start(config.metrics_listen)
     # HealthServicer starts with "" SERVING: nothing is ready until start() returns.
     await _set_status(health, ["", *app_names], _NOT_SERVING)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        if metrics is not None:
+            metrics.stop()
+        raise
     await _set_status(health, ["", *app_names], _SERVING)
-    return StratadServer(server, health, resources, address, all_names)
+    return StratadServer(
+        server, health, resources, address, all_names, addresses=addresses, metrics=metrics
+    )
+
+
+#: Room on top of max_message_bytes for a message's envelope: a state of the
+#: maximum size comes with metadata (up to 1 MiB) and other fields. The
+#: state-size limit itself is enforced by the domain, with a message naming it,
+#: and per item in a SaveStates stream.
+MESSAGE_HEADROOM_BYTES = 4 << 20
 
 
 def server_options(config: Config) -> list[tuple[str, int]]:
+    transport_limit = config.max_message_bytes + MESSAGE_HEADROOM_BYTES
     return [
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", transport_limit),
+        ("grpc.max_receive_message_length", transport_limit),
         # gRPC sets SO_REUSEPORT by default, which lets a second daemon bind
         # the same port and silently share its traffic. One port, one daemon.
         ("grpc.so_reuseport", 0),
@@ -149,11 +193,12 @@ async def serve(config: Config) -> int:
     async with open_resources(config) as resources:
         server = await start_server(resources)
         _log.info(
-            "stratad %s serving on %s (data dir %s, durability %s)",
+            "stratad %s serving on %s (data dir %s, durability %s, metrics %s)",
             __version__,
-            server.address,
+            " and ".join(server.addresses),
             resources.data_dir.path,
             config.durability,
+            f"http://{server.metrics_address}/metrics" if server.metrics_address else "off",
         )
         try:
             signum = await stop_requested

@@ -1,5 +1,11 @@
 """Server interceptors.
 
+`RequestInterceptor` observes every call: it times it, learns its final
+status, logs one debug line per request (method, tenant, session, status,
+duration and the ``x-request-id`` of the caller, when it sent one) and hands
+the same facts to observers such as the Prometheus metrics. Install it first,
+so that it sees the status `ErrorInterceptor` turned an exception into.
+
 `ErrorInterceptor` is the one place where exceptions become gRPC statuses:
 a `StratadError` becomes ``grpc.StatusCode[exc.grpc_status]`` with its
 message; anything else becomes INTERNAL with a generic message, and its
@@ -15,16 +21,21 @@ loop's write and may end as UNKNOWN instead of its status.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
 from stratad.errors import StratadError
+from stratad.server.logging_setup import current_request_id
 
 _log = logging.getLogger(__name__)
 
@@ -174,4 +185,269 @@ def _stratad_status(exc: StratadError, method: str) -> tuple[grpc.StatusCode, st
     return code, details
 
 
-__all__ = ["ErrorInterceptor"]
+# --- request observation ----------------------------------------------------------
+
+REQUEST_ID_METADATA_KEY = "x-request-id"
+TENANT_METADATA_KEY = "x-stratad-tenant"
+_request_log = logging.getLogger("stratad.requests")
+#: A request ID longer than this is cut (it is caller-controlled and logged).
+_MAX_REQUEST_ID = 128
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """What is known about a call when it starts."""
+
+    method: str  # full method: /package.Service/Method
+    service: str  # package.Service
+    name: str  # Method
+    kind: str  # unary, client_stream, server_stream or bidi_stream
+    tenant: str
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """A finished call: its status code name (OK, NOT_FOUND, ...) and duration."""
+
+    call: CallInfo
+    session: str
+    code: str
+    seconds: float
+    #: The response message of a successful unary-response call, else None.
+    response: Any = None
+
+
+class CallObserver(Protocol):
+    def call_started(self, call: CallInfo) -> None: ...
+
+    def call_finished(self, result: CallResult) -> None: ...
+
+
+class RequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Time every call, learn its final status, log it at debug and tell the observers."""
+
+    def __init__(self, observers: Iterable[CallObserver] = ()) -> None:
+        self._observers: Sequence[CallObserver] = tuple(observers)
+
+    async def intercept_service(self, continuation: Continuation, handler_call_details: Any) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        call = _call_info(handler, handler_call_details)
+        return _observe_handler(handler, call, self._observers)
+
+
+def _call_info(handler: Any, details: Any) -> CallInfo:
+    method = str(details.method)
+    service, _, name = method.lstrip("/").rpartition("/")
+    tenant = request_id = ""
+    for key, value in details.invocation_metadata or ():
+        if key == TENANT_METADATA_KEY:
+            tenant = str(value)
+        elif key == REQUEST_ID_METADATA_KEY:
+            request_id = _printable(str(value))[:_MAX_REQUEST_ID]
+    if handler.request_streaming and handler.response_streaming:
+        kind = "bidi_stream"
+    elif handler.request_streaming:
+        kind = "client_stream"
+    elif handler.response_streaming:
+        kind = "server_stream"
+    else:
+        kind = "unary"
+    return CallInfo(method, service, name, kind, tenant or "default", request_id)
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+class _Watch:
+    """One call being observed: started now, finished once."""
+
+    def __init__(self, call: CallInfo, observers: Sequence[CallObserver]) -> None:
+        self.call = call
+        self.observers = observers
+        self.session = ""
+        self.started = time.perf_counter()
+        self.token = current_request_id.set(call.request_id)
+        for observer in observers:
+            observer.call_started(call)
+
+    def request(self, request: Any) -> None:
+        session = getattr(request, "session_id", "")
+        if isinstance(session, str):
+            self.session = session
+
+    def finish(self, context: Any, exc: BaseException | None, response: Any = None) -> None:
+        seconds = time.perf_counter() - self.started
+        code = _final_code(context, exc)
+        result = CallResult(self.call, self.session, code, seconds, response)
+        for observer in self.observers:
+            try:
+                observer.call_finished(result)
+            except Exception:  # an observer's bug must not fail the call
+                _log.exception("call observer %r failed", observer)
+        if _request_log.isEnabledFor(logging.DEBUG):
+            _log_request(result)
+        with contextlib.suppress(ValueError):  # finished in another context
+            current_request_id.reset(self.token)
+
+
+def _final_code(context: Any, exc: BaseException | None) -> str:
+    code = None
+    code_fn = getattr(context, "code", None)
+    if code_fn is not None:
+        try:
+            code = code_fn()
+        except Exception:
+            code = None
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    if isinstance(code, int):
+        return _CODE_NAMES.get(code, "UNKNOWN")
+    if exc is None:
+        return "OK"
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "CANCELLED"
+    return "UNKNOWN"
+
+
+_CODE_NAMES: dict[int, str] = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _log_request(result: CallResult) -> None:
+    call = result.call
+    duration_ms = round(result.seconds * 1000, 3)
+    _request_log.debug(
+        "%s tenant=%s session=%s status=%s duration_ms=%.3f request_id=%s",
+        call.method,
+        call.tenant,
+        result.session or "-",
+        result.code,
+        duration_ms,
+        call.request_id or "-",
+        extra={
+            "method": call.method,
+            "tenant": call.tenant,
+            "session": result.session,
+            "status": result.code,
+            "duration_ms": duration_ms,
+            "request_id": call.request_id,
+        },
+    )
+
+
+def _observe_handler(handler: Any, call: CallInfo, observers: Sequence[CallObserver]) -> Any:
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(
+            _observe_stream_response(handler.stream_stream, call, observers, False), **kwargs
+        )
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(
+            _observe_unary_response(handler.stream_unary, call, observers, False), **kwargs
+        )
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(
+            _observe_stream_response(handler.unary_stream, call, observers, True), **kwargs
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        _observe_unary_response(handler.unary_unary, call, observers, True), **kwargs
+    )
+
+
+def _observe_unary_response(
+    behavior: Behavior, call: CallInfo, observers: Sequence[CallObserver], unary_request: bool
+) -> Behavior:
+    if _is_async(behavior):
+
+        async def async_unary(request: Any, context: Any) -> Any:
+            watch = _Watch(call, observers)
+            if unary_request:
+                watch.request(request)
+            try:
+                response = await behavior(request, context)
+            except BaseException as exc:
+                watch.finish(context, exc)
+                raise
+            watch.finish(context, None, response)
+            return response
+
+        return async_unary
+
+    def sync_unary(request: Any, context: Any) -> Any:
+        watch = _Watch(call, observers)
+        if unary_request:
+            watch.request(request)
+        try:
+            response = behavior(request, context)
+        except BaseException as exc:
+            watch.finish(context, exc)
+            raise
+        watch.finish(context, None, response)
+        return response
+
+    return sync_unary
+
+
+def _observe_stream_response(
+    behavior: Behavior, call: CallInfo, observers: Sequence[CallObserver], unary_request: bool
+) -> Behavior:
+    if inspect.iscoroutinefunction(behavior):
+
+        async def writer(request: Any, context: Any) -> None:
+            watch = _Watch(call, observers)
+            if unary_request:
+                watch.request(request)
+            try:
+                await behavior(request, context)
+            except BaseException as exc:
+                watch.finish(context, exc)
+                raise
+            watch.finish(context, None)
+
+        return writer
+
+    if inspect.isasyncgenfunction(behavior):
+
+        async def async_generator(request: Any, context: Any) -> AsyncIterator[Any]:
+            watch = _Watch(call, observers)
+            if unary_request:
+                watch.request(request)
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except BaseException as exc:
+                watch.finish(context, exc)
+                raise
+            watch.finish(context, None)
+
+        return async_generator
+
+    def sync_generator(request: Any, context: Any) -> Iterator[Any]:
+        watch = _Watch(call, observers)
+        if unary_request:
+            watch.request(request)
+        try:
+            yield from behavior(request, context)
+        except BaseException as exc:
+            watch.finish(context, exc)
+            raise
+        watch.finish(context, None)
+
+    return sync_generator
+
+
+__all__ = [
+    "REQUEST_ID_METADATA_KEY",
+    "CallInfo",
+    "CallObserver",
+    "CallResult",
+    "ErrorInterceptor",
+    "RequestInterceptor",
+    "current_request_id",
+]
