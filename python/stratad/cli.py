@@ -2,6 +2,7 @@
 
     stratad --version
     stratad serve [--config FILE] [--listen ADDR] [--data-dir DIR] ...
+    stratad ctl [--address ADDR] COMMAND ...   (see stratad/ctl/__init__.py)
 
 Exit codes: 0 after a clean shutdown, 1 when the daemon cannot start (data
 directory in use, address taken), 2 for usage and configuration errors.
@@ -15,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from stratad import __version__
+from stratad import __version__, ctl
 from stratad.config import CONFIG_FILE_ENV, OPTIONS, ConfigError, Option, load_config
 from stratad.errors import StratadError
 
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stratad {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(commands)
+    ctl.add_parser(commands)
     return parser
 
 
@@ -68,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "ctl":
+        return ctl.main(args)
     parser.print_help(sys.stderr)
     return EXIT_USAGE
 

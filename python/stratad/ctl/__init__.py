@@ -1,0 +1,132 @@
+"""``stratad ctl``: operate a running daemon over its gRPC API.
+
+    stratad ctl [--address ADDR] [--tenant T] [--json] COMMAND ...
+
+    health                         SERVING or not (exit 0 / 1); the container's health check
+    sessions ls [--prefix P]       sessions of the tenant
+    sessions show ID               one session
+    sessions rm ID                 delete a session and its checkpoints
+    checkpoints ls SESSION         checkpoints, newest first
+    state get SESSION [-o FILE]    a state's bytes (latest, or --checkpoint ID)
+    verify                         re-hash every object of the tenant (exit 3 on problems)
+    gc                             collect garbage
+    stats                          store statistics
+    export SESSION -o FILE         the session as one portable archive (see ctl/archive.py)
+    import FILE                    re-create an exported session; refuses a damaged archive
+
+This module only builds the argument parser (``stratad --version`` stays
+fast); the commands live in `stratad.ctl.commands`.
+
+Exit codes: 0 success, 1 the operation failed (message on stderr), 2 usage,
+3 verify found corrupt objects or damaged sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+ADDRESS_ENV = "STRATAD_ADDRESS"
+TENANT_ENV = "STRATAD_TENANT"
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``ctl`` and its subcommands to the ``stratad`` parser."""
+    ctl = commands.add_parser(
+        "ctl",
+        help="operate a running daemon: sessions, state, verify, gc, stats, export, import",
+        description="Operate a running stratad daemon over gRPC. Exit codes: 0 success, "
+        "1 failure, 2 usage, 3 verify found problems.",
+    )
+    ctl.add_argument(
+        "--address",
+        default=os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS,
+        metavar="ADDR",
+        help=f"the daemon: HOST:PORT or unix:/path (env: {ADDRESS_ENV}; "
+        f"default: {DEFAULT_ADDRESS})",
+    )
+    ctl.add_argument(
+        "--tenant",
+        default=os.environ.get(TENANT_ENV, ""),
+        help=f"act in this tenant (env: {TENANT_ENV}; default: the daemon's 'default')",
+    )
+    ctl.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="deadline of each call (verify and gc: at least an hour) (default: 30)",
+    )
+    ctl.add_argument("--json", action="store_true", help="print JSON for scripts")
+    ctl.add_argument(
+        "--progress",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="progress line on stderr for verify, gc, export and import (auto: on a terminal)",
+    )
+    sub = ctl.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
+
+    health = sub.add_parser("health", help="exit 0 if the daemon reports SERVING, else 1")
+    health.add_argument("--service", default="", help="a service name (default: the server)")
+
+    sessions = sub.add_parser("sessions", help="list, show or delete sessions")
+    sessions_sub = sessions.add_subparsers(dest="sessions_command", metavar="ACTION", required=True)
+    ls = sessions_sub.add_parser("ls", help="list sessions ordered by ID")
+    ls.add_argument("--prefix", default="", help="only IDs starting with this")
+    show = sessions_sub.add_parser("show", help="one session in detail")
+    show.add_argument("session_id")
+    rm = sessions_sub.add_parser("rm", help="delete sessions and their checkpoints")
+    rm.add_argument("session_ids", nargs="+", metavar="session_id")
+
+    checkpoints = sub.add_parser("checkpoints", help="list checkpoints")
+    cp_sub = checkpoints.add_subparsers(dest="checkpoints_command", metavar="ACTION", required=True)
+    cp_ls = cp_sub.add_parser("ls", help="checkpoints of a session, newest first")
+    cp_ls.add_argument("session_id")
+    cp_ls.add_argument("--namespace", default=None, help="only this namespace")
+    cp_ls.add_argument("--limit", type=int, default=0, help="at most this many (0 = all)")
+
+    state = sub.add_parser("state", help="read a saved state")
+    state_sub = state.add_subparsers(dest="state_command", metavar="ACTION", required=True)
+    get = state_sub.add_parser(
+        "get", help="write a state's bytes to stdout or a file (latest, or --checkpoint)"
+    )
+    get.add_argument("session_id")
+    get.add_argument("--checkpoint", default="", metavar="ID", help="this checkpoint")
+    get.add_argument("--namespace", default="", help="the latest state of this namespace")
+    get.add_argument(
+        "-o", "--output", default="-", metavar="FILE", help="write here (default: stdout)"
+    )
+
+    sub.add_parser("verify", help="re-hash every object of the tenant; exit 3 on problems")
+    sub.add_parser("gc", help="remove objects no checkpoint references")
+    sub.add_parser("stats", help="store statistics: sessions, bytes, dedup and compression")
+
+    export = sub.add_parser("export", help="write a session to one portable archive")
+    export.add_argument("session_id")
+    export.add_argument(
+        "-o",
+        "--output",
+        default="",
+        metavar="FILE",
+        help="the archive to write (default: SESSION_ID.stratad.tar)",
+    )
+    imp = sub.add_parser("import", help="re-create a session from an archive")
+    imp.add_argument("archive", metavar="FILE")
+    imp.add_argument(
+        "--session-id", default="", help="import under this session ID (default: the original)"
+    )
+    imp.add_argument(
+        "--verify-only",
+        action="store_true",
+        help="check the archive and exit; send nothing to the daemon",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from stratad.ctl.commands import run
+
+    return run(args)
+
+
+__all__ = ["ADDRESS_ENV", "DEFAULT_ADDRESS", "TENANT_ENV", "add_parser", "main"]
