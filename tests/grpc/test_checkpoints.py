@@ -253,11 +253,6 @@ def test_chunked_upload_larger_than_the_limit_is_resource_exhausted(
     assert api.get("s").version == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the server's send limit is exactly max_message_bytes, so a state the "
-    "limit admits is saved but its LoadState response (state + fields) is too large to send",
-)
 def test_a_state_at_the_size_limit_loads_back(start_api: Callable[..., Api]) -> None:
     api = start_api(max_message_bytes=64 << 10)
     api.create("s")
@@ -885,12 +880,6 @@ def test_save_states_fails_bad_items_and_goes_on(s: str, api: Api) -> None:
     assert api.load(s).data == b"ok 3"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: gRPC's receive limit (max_message_bytes) refuses an oversized item "
-    "before the servicer sees it, so the whole stream ends RESOURCE_EXHAUSTED and the items "
-    "saved before it never get their answers",
-)
 def test_save_states_fails_an_oversized_item_and_goes_on(start_api: Callable[..., Api]) -> None:
     api = start_api(max_message_bytes=64 << 10)
     api.create("s")
