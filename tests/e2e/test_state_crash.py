@@ -225,7 +225,8 @@ def test_sigkill_under_load_keeps_every_acknowledged_update(
     for task_id, status in acked.tasks.items():
         assert got["tasks"][task_id].status == status
     for task_id, result in acked.results.items():
-        assert json_format.MessageToDict(got["tasks"][task_id].result) == result
+        stored: Any = json_format.MessageToDict(got["tasks"][task_id].result)
+        assert stored == result
     assert acked.keys <= set(got["values"])
     assert acked.paths <= set(got["paths"]) and len(got["paths"]) == len(set(got["paths"]))
     assert acked.profile_updates <= got["profile_updates"]
