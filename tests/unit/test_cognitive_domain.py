@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -251,11 +251,12 @@ def test_learned_constraints_relationships_and_patterns_are_deduplicated(engine:
     ]
     assert insights["pattern_observations"] == ["retries help"]
     assert version(engine) == v + 4  # the three duplicates journaled nothing
-    for bad in (
+    bad_calls: list[Callable[[], object]] = [
         lambda: c.add_learned_constraint(T, S, ""),
         lambda: c.add_entity_relationship(T, S, "a", "", "b"),
         lambda: c.add_pattern_observation(T, S, "  "),
-    ):
+    ]
+    for bad in bad_calls:
         with pytest.raises(InvalidArgumentError):
             bad()
 
