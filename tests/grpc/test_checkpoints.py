@@ -665,6 +665,17 @@ def test_list_pages_through_every_checkpoint_once(five: list[str], api: Api) -> 
     assert list(pages(api, page_size=2)) == [["k4", "k3"], ["k2", "k1"], ["k0"]]
 
 
+def test_list_page_token_survives_deleting_the_last_listed_checkpoint(
+    five: list[str], api: Api
+) -> None:
+    first = api.call(api.checkpoints.ListCheckpoints, list_request(page_size=2))
+    assert [c.checkpoint_id for c in first.checkpoints] == ["k4", "k3"]
+    delete_checkpoint(api, "k3")
+    request = list_request(page_size=2, page_token=first.next_page_token)
+    second = api.call(api.checkpoints.ListCheckpoints, request)
+    assert [c.checkpoint_id for c in second.checkpoints] == ["k2", "k1"]
+
+
 def test_list_filters_by_namespace(five: list[str], api: Api) -> None:
     assert api.checkpoint_ids("s", namespace="a") == ["k4", "k2", "k0"]
     assert api.checkpoint_ids("s", namespace="") == ["k3", "k1"]

@@ -458,22 +458,26 @@ class Checkpoints:
             if (namespace is None or c.namespace == namespace)
             and all(c.metadata.get(k) == v for k, v in (metadata or {}).items())
         ]
-        start = 0
         if page_token:
-            after = decode_token(page_token)
-            ids = [c.checkpoint_id for c in matching]
-            if after not in ids:
-                raise InvalidArgumentError("page_token refers to a checkpoint no longer listed")
-            start = ids.index(after) + 1
-        page = matching[start : start + page_size]
-        more = start + page_size < len(matching)
-        return page, encode_token(page[-1].checkpoint_id) if more and page else ""
+            # The token is the creation version of the last checkpoint listed:
+            # unlike its ID, it stays meaningful if that checkpoint is deleted.
+            below = _page_version(decode_token(page_token))
+            matching = [c for c in matching if c.version < below]
+        page = matching[:page_size]
+        more = len(matching) > page_size
+        return page, encode_token(f"v{page[-1].version}") if more else ""
 
     def find_missing(self, tenant: str, digests: list[str]) -> list[str]:
         for d in digests:
             if len(d) != 64 or not _is_hex(d):
                 raise InvalidArgumentError(f"{d[:80]!r} is not a hex BLAKE3 digest")
         return self.sessions.store.tenant(tenant).missing(digests)
+
+
+def _page_version(token: str) -> int:
+    if not (token.startswith("v") and token[1:].isdigit()):
+        raise InvalidArgumentError("page_token is not a token this server issued")
+    return int(token[1:])
 
 
 def latest(live: LiveSession, namespace: str) -> Checkpoint | None:
