@@ -233,21 +233,7 @@ OBJECT_DAMAGE: dict[str, ObjectDamage] = {
 }
 
 
-KNOWN_OBJECT_DAMAGE_BUGS: dict[str, str] = {}
-
-
-@pytest.mark.parametrize(
-    "damage",
-    [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_OBJECT_DAMAGE_BUGS[name])]
-            if name in KNOWN_OBJECT_DAMAGE_BUGS
-            else [],
-        )
-        for name in OBJECT_DAMAGE
-    ],
-)
+@pytest.mark.parametrize("damage", list(OBJECT_DAMAGE))
 def test_damaged_object_is_data_loss_and_named_by_verify(
     start_daemon: StartDaemon, damage: str
 ) -> None:
@@ -387,21 +373,9 @@ TORN_TAILS: dict[str, Callable[[random.Random], bytes]] = {
     "garbage": garbage,
     "zero-filled": zero_filled,
 }
-KNOWN_TORN_TAIL_BUGS: dict[str, str] = {}
 
 
-@pytest.mark.parametrize(
-    "tail",
-    [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_TORN_TAIL_BUGS[name])]
-            if name in KNOWN_TORN_TAIL_BUGS
-            else [],
-        )
-        for name in TORN_TAILS
-    ],
-)
+@pytest.mark.parametrize("tail", list(TORN_TAILS))
 def test_torn_journal_tail_is_cut_and_acknowledged_saves_served(
     start_daemon: StartDaemon, tail: str
 ) -> None:
@@ -441,13 +415,7 @@ def journal_damage_in_length(path: Path, record: JournalRecord) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(
-    "where",
-    [
-        "payload",
-        "length",
-    ],
-)
+@pytest.mark.parametrize("where", ["payload", "length"])
 def test_journal_damaged_in_the_middle_is_data_loss_for_its_session(
     start_daemon: StartDaemon, where: str
 ) -> None:

@@ -6,6 +6,7 @@
 - ENOSPC while object files are written (in the background) loses nothing.
 - Closing and reopening an engine replays its journals to the same state.
 - Compacted journals (a tiny ``compact_min_bytes``) keep every checkpoint.
+- Telling a torn tail from damage costs work in proportion to the tail.
 
 A *crash* here is a copy of the data directory taken while the engine runs:
 it holds what a SIGKILL at that moment leaves on disk (the page cache survives
@@ -22,6 +23,7 @@ import random
 import shutil
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -406,3 +408,44 @@ def test_compaction_racing_concurrent_saves_loses_nothing(tmp_path: Path) -> Non
                 count = sum(s.session_id == sid for s in acknowledged)
                 assert engine.sessions.info(TENANT, sid).version == count + 1
             assert engine.admin.verify().ok
+
+
+# -- torn tails ------------------------------------------------------------------------
+
+#: Bytes of a large save record an interrupted append leaves behind.
+TORN_TAIL_BYTES = 1 << 20
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="journal.py _is_torn_tail: tries _read_record (slice + CRC-32 of the declared "
+    "length) at every offset of the tail, so the work grows with the square of the tail: "
+    "a 16 MiB torn save record takes minutes to classify at start-up, 64 MiB hours",
+)
+def test_classifying_a_torn_tail_costs_work_in_proportion_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(6)
+    create = journal_module.Record("create", {"v": 1, "at": 0.0, "state": {}})
+    frames = [native.encode_frame(rng.randbytes(8192)) for _ in range(TORN_TAIL_BYTES // 8192)]
+    body = {"v": 2, "at": 0.0, "objects": [native.frame_digest_hex(f) for f in frames]}
+    save_record = journal_module.Record("save", body, frames).encode()
+    path = tmp_path / "journal"
+    path.write_bytes(create.encode() + save_record[: len(save_record) - 100])
+
+    checked = 0
+    real_crc32 = zlib.crc32
+
+    def counting_crc32(data: bytes, value: int = 0) -> int:
+        nonlocal checked
+        checked += len(data)
+        return real_crc32(data, value)
+
+    monkeypatch.setattr(zlib, "crc32", counting_crc32)
+    replay = journal_module.read_records(path)
+    assert replay.corrupt_at is None and replay.torn_bytes == len(save_record) - 100
+    assert [r.kind for r in replay.records] == ["create"]
+    tail = replay.torn_bytes
+    assert checked <= 4 * (tail + replay.valid_bytes), (
+        f"checksummed {checked / tail:.0f} times the {tail} bytes of the torn tail"
+    )
