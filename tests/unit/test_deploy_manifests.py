@@ -173,9 +173,7 @@ def check_workload(docs: list[Doc], workload: Doc, tmp_path: Path) -> None:
         socket_dir = str(Path(config.listen_unix.removeprefix("unix:")).parent)
         for c in (stratad, agent):
             assert socket_dir in {m["mountPath"] for m in c["volumeMounts"]}, c["name"]
-        socket_volume = next(
-            v for v in pod["volumes"] if v["name"] == mounts[socket_dir]
-        )
+        socket_volume = next(v for v in pod["volumes"] if v["name"] == mounts[socket_dir])
         assert "emptyDir" in socket_volume
     else:
         assert address == f"127.0.0.1:{grpc_port}"
