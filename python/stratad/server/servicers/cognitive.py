@@ -17,8 +17,9 @@ _ERROR_STATUS = {
     "open": cognitive_pb2.ERROR_STATUS_OPEN,
     RESOLVED: cognitive_pb2.ERROR_STATUS_RESOLVED,
 }
-#: UpdateFluid fields that have presence only through update_mask or a value.
-_SET_WHEN_NOT_EMPTY = ("sub_goals", "entities", "questions")
+#: BuildContext budgets up to this are rendered on the event loop (the work is
+#: bounded by the budget); larger ones on the worker pool.
+INLINE_CONTEXT_TOKENS = 8000
 
 
 def crystallized_to_pb(c: dict[str, Any]) -> cognitive_pb2.CrystallizedState:
@@ -258,9 +259,11 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def BuildContext(
         self, request: cognitive_pb2.BuildContextRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.BuildContextResponse:
-        applied = self.domain.build_context(
-            tenant_of(context), request.session_id, request.max_tokens
-        )
+        args = (tenant_of(context), request.session_id, request.max_tokens)
+        if request.max_tokens <= INLINE_CONTEXT_TOKENS:  # bounded by the budget: cheap
+            applied = self.domain.build_context(*args)
+        else:
+            applied = await self.run(self.domain.build_context, *args)
         result = applied.result
         return cognitive_pb2.BuildContextResponse(
             context=result.text,
