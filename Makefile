@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
-        rust-check proto proto-check core-purity bench clean
+        rust-check proto proto-check core-purity bench clean deploy-check
 
 help: ## List the targets with a one-line description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -67,6 +67,9 @@ core-purity: ## Fail if the pure Rust core depends on pyo3
 
 bench: build ## Run every benchmark and update docs/benchmarks.md
 	@for b in bench/[a-z]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+deploy-check: $(STAMP) ## Check deploy/ offline: hadolint, Dockerfile build steps, helm lint/template, kubeconform
+	bash scripts/check_deploy.sh
 
 clean: ## Remove build outputs (keeps .venv)
 	cargo clean

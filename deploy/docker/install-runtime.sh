@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install the stratad wheel found in DIST into a virtualenv at PREFIX, with its
+# runtime dependencies and nothing else. The Dockerfile's runtime stage runs
+# it, and so does scripts/check_deploy.sh outside Docker.
+set -euo pipefail
+DIST=${1:?usage: install-runtime.sh DIST PREFIX}
+PREFIX=${2:?usage: install-runtime.sh DIST PREFIX}
+PYTHON=${PYTHON:-python3}
+
+shopt -s nullglob
+wheels=("$DIST"/stratad-*.whl)
+if [ "${#wheels[@]}" -ne 1 ]; then
+    echo "install-runtime.sh: expected exactly one stratad wheel in $DIST, found ${#wheels[@]}" >&2
+    exit 1
+fi
+"$PYTHON" -m venv "$PREFIX"
+"$PREFIX/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check "${wheels[0]}"
+# Smoke test: the console script runs and the native core loads.
+"$PREFIX/bin/stratad" --version
+"$PREFIX/bin/python" -c "import stratad.native as n; assert len(n.digest_hex(b'')) == 64"

@@ -1,0 +1,216 @@
+{{/* Names and labels. */}}
+{{- define "stratad.name" -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "stratad.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "stratad.labels" -}}
+{{ include "stratad.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "stratad.image" -}}
+{{- printf "%s:%s" .Values.stratad.image.repository (.Values.stratad.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The address the agent dials. */}}
+{{- define "stratad.address" -}}
+{{- if .Values.stratad.socketDir -}}
+unix:{{ .Values.stratad.socketDir }}/stratad.sock
+{{- else -}}
+127.0.0.1:{{ .Values.stratad.grpcPort }}
+{{- end -}}
+{{- end -}}
+
+{{/* stratad.toml: the computed addresses, then the user's keys. */}}
+{{- define "stratad.config" -}}
+{{- $config := dict "listen" (printf "0.0.0.0:%d" (int .Values.stratad.grpcPort)) "data_dir" "/var/lib/stratad" -}}
+{{- if .Values.stratad.socketDir -}}
+{{- $_ := set $config "listen_unix" (printf "%s/stratad.sock" .Values.stratad.socketDir) -}}
+{{- end -}}
+{{- if .Values.stratad.metricsPort -}}
+{{- $_ := set $config "metrics_listen" (printf "0.0.0.0:%d" (int .Values.stratad.metricsPort)) -}}
+{{- else -}}
+{{- $_ := set $config "metrics_listen" "off" -}}
+{{- end -}}
+{{- range $key, $value := .Values.stratad.config -}}
+{{- if has $key (list "listen" "listen_unix" "data_dir" "metrics_listen") -}}
+{{- fail (printf "stratad.config.%s is set from the chart's values (grpcPort, socketDir, metricsPort); remove it" $key) -}}
+{{- end -}}
+{{- $_ := set $config $key $value -}}
+{{- end -}}
+{{- /* Not toToml: YAML numbers are floats, and stratad wants integers as integers. */ -}}
+{{- range $key := keys $config | sortAlpha }}
+{{- $value := get $config $key }}
+{{- if kindIs "string" $value }}
+{{ $key }} = {{ $value | toJson }}
+{{- else if and (kindIs "float64" $value) (eq $value (float64 (int64 $value))) }}
+{{ $key }} = {{ int64 $value }}
+{{- else if or (kindIs "bool" $value) (kindIs "float64" $value) (kindIs "int" $value) (kindIs "int64" $value) }}
+{{ $key }} = {{ $value }}
+{{- else }}
+{{- fail (printf "stratad.config.%s must be a string, number or boolean" $key) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod template shared by the Deployment and the StatefulSet. */}}
+{{- define "stratad.podTemplate" -}}
+metadata:
+  labels:
+    {{- include "stratad.selectorLabels" . | nindent 4 }}
+    stratad.io/sidecar: "true"
+    {{- with .Values.workload.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    # Restart the pod when the configuration changes.
+    checksum/config: {{ include "stratad.config" . | sha256sum }}
+    {{- if and .Values.metrics.podAnnotations .Values.stratad.metricsPort }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ .Values.stratad.metricsPort | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
+    {{- with .Values.workload.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  terminationGracePeriodSeconds: {{ .Values.workload.terminationGracePeriodSeconds }}
+  automountServiceAccountToken: {{ .Values.workload.automountServiceAccountToken }}
+  {{- with .Values.workload.serviceAccountName }}
+  serviceAccountName: {{ . }}
+  {{- end }}
+  {{- with .Values.workload.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.workload.podSecurityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.workload.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.workload.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.workload.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  initContainers:
+    # Native sidecar: started (and startup-probed) before the agent, stopped after it.
+    - name: stratad
+      image: {{ include "stratad.image" . }}
+      imagePullPolicy: {{ .Values.stratad.image.pullPolicy }}
+      restartPolicy: Always
+      args: ["serve"]
+      env:
+        - name: STRATAD_CONFIG
+          value: /etc/stratad/stratad.toml
+        {{- with .Values.stratad.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - name: grpc
+          containerPort: {{ .Values.stratad.grpcPort }}
+          protocol: TCP
+        {{- if .Values.stratad.metricsPort }}
+        - name: metrics
+          containerPort: {{ .Values.stratad.metricsPort }}
+          protocol: TCP
+        {{- end }}
+      startupProbe:
+        grpc:
+          port: {{ .Values.stratad.grpcPort }}
+        {{- toYaml .Values.stratad.startupProbe | nindent 8 }}
+      readinessProbe:
+        grpc:
+          port: {{ .Values.stratad.grpcPort }}
+        {{- toYaml .Values.stratad.readinessProbe | nindent 8 }}
+      livenessProbe:
+        grpc:
+          port: {{ .Values.stratad.grpcPort }}
+        {{- toYaml .Values.stratad.livenessProbe | nindent 8 }}
+      resources:
+        {{- toYaml .Values.stratad.resources | nindent 8 }}
+      securityContext:
+        {{- toYaml .Values.stratad.securityContext | nindent 8 }}
+      volumeMounts:
+        - name: stratad-data
+          mountPath: /var/lib/stratad
+        {{- if .Values.stratad.socketDir }}
+        - name: stratad-socket
+          mountPath: {{ .Values.stratad.socketDir }}
+        {{- end }}
+        - name: stratad-config
+          mountPath: /etc/stratad
+          readOnly: true
+  containers:
+    - name: {{ .Values.agent.name }}
+      image: {{ printf "%s:%s" .Values.agent.image.repository .Values.agent.image.tag }}
+      imagePullPolicy: {{ .Values.agent.image.pullPolicy }}
+      {{- with .Values.agent.command }}
+      command:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .Values.agent.args }}
+      args:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      env:
+        - name: STRATAD_ADDRESS
+          value: {{ include "stratad.address" . | quote }}
+        {{- with .Values.agent.env }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with .Values.agent.ports }}
+      ports:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      resources:
+        {{- toYaml .Values.agent.resources | nindent 8 }}
+      securityContext:
+        {{- toYaml .Values.agent.securityContext | nindent 8 }}
+      {{- if or .Values.stratad.socketDir .Values.agent.volumeMounts }}
+      volumeMounts:
+        {{- if .Values.stratad.socketDir }}
+        - name: stratad-socket
+          mountPath: {{ .Values.stratad.socketDir }}
+        {{- end }}
+        {{- with .Values.agent.volumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- end }}
+  volumes:
+    {{- if ne .Values.workload.kind "StatefulSet" }}
+    - name: stratad-data
+      {{- if eq .Values.persistence.type "pvc" }}
+      persistentVolumeClaim:
+        claimName: {{ .Values.persistence.existingClaim | default (printf "%s-data" (include "stratad.name" .)) }}
+      {{- else }}
+      emptyDir:
+        {{- toYaml .Values.persistence.emptyDir | nindent 8 }}
+      {{- end }}
+    {{- end }}
+    {{- if .Values.stratad.socketDir }}
+    - name: stratad-socket
+      emptyDir:
+        medium: Memory
+        sizeLimit: 1Mi
+    {{- end }}
+    - name: stratad-config
+      configMap:
+        name: {{ include "stratad.name" . }}-config
+    {{- with .Values.agent.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}
