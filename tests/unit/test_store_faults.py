@@ -416,12 +416,6 @@ def test_compaction_racing_concurrent_saves_loses_nothing(tmp_path: Path) -> Non
 TORN_TAIL_BYTES = 1 << 20
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="journal.py _is_torn_tail: tries _read_record (slice + CRC-32 of the declared "
-    "length) at every offset of the tail, so the work grows with the square of the tail: "
-    "a 16 MiB torn save record takes minutes to classify at start-up, 64 MiB hours",
-)
 def test_classifying_a_torn_tail_costs_work_in_proportion_to_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -134,17 +134,44 @@ def _read_record(data: bytes, pos: int) -> tuple[Record, int] | None:
         return None
 
 
+#: Every record's JSON body starts with its kind; a record starts this many
+#: bytes before that text (header + body length). Used to find record starts.
+_BODY_START = b'{"k":"'
+_BODY_OFFSET = _HEADER.size + _U32.size
+
+
 def _is_torn_tail(data: bytes, pos: int) -> bool:
     """True when the invalid bytes at `pos` can only be an interrupted append.
 
     An append writes one record at the end; a crash can leave any prefix of
     it, or its length with unwritten (zero) or garbage content. What it cannot
-    leave is a valid record *after* the bad bytes: if one exists, later
-    acknowledged writes follow the bad spot, so it is damage (a flipped bit in
-    a length or payload), reported rather than cut.
+    leave is valid records *after* the bad bytes: if they exist (running to
+    the end of the file, or to a torn tail of their own), later writes follow
+    the bad spot, so it is damage (a flipped bit in a length or a payload),
+    reported rather than cut. One exception: bad bytes that are all zeros are
+    blocks a power loss left unwritten; what follows them was never fsynced,
+    so never acknowledged in `fsync` mode, and is cut with them.
+
+    Candidate record starts are found with bytes.find (C speed) on the text
+    every record body starts with, so the cost grows with the tail's length,
+    not with its square.
     """
-    last_start = len(data) - _HEADER.size
-    return not any(_read_record(data, k) is not None for k in range(pos + 1, last_start + 1))
+    search = pos + 1 + _BODY_OFFSET
+    while (hit := data.find(_BODY_START, search)) >= 0:
+        start = hit - _BODY_OFFSET
+        search = hit + 1
+        end = _valid_run_end(data, start)
+        if end is not None and (end == len(data) or _is_torn_tail(data, end)):
+            return not any(data[pos:start])
+    return True
+
+
+def _valid_run_end(data: bytes, start: int) -> int | None:
+    """Where the run of valid records starting at `start` ends (None: not one)."""
+    end = None
+    while (found := _read_record(data, start)) is not None:
+        start = end = found[1]
+    return end
 
 
 class Journal:
