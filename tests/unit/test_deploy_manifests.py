@@ -254,3 +254,40 @@ def test_chart_default_is_the_plain_deployment(rendered: dict[str, list[Doc]]) -
     assert a["securityContext"] == b["securityContext"]
     assert chart_pod["securityContext"] == plain_pod["securityContext"]
     assert chart_pod["terminationGracePeriodSeconds"] == plain_pod["terminationGracePeriodSeconds"]
+
+
+# --- documentation -------------------------------------------------------------------------
+
+
+def test_configuration_doc_lists_every_key() -> None:
+    from stratad.config import OPTIONS
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for option in OPTIONS:
+        row = f"| `{option.name}` | `{option.flag}` | `{option.env_var}` |"
+        assert row in doc, f"docs/configuration.md lacks {option.name}"
+
+
+def _leaf_values(values: dict[str, Any], prefix: str = "") -> list[str]:
+    names = []
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in DOCUMENTED_AS_A_WHOLE:
+            names += _leaf_values(value, name + ".")
+        else:
+            names.append(name)
+    return names
+
+
+#: Values whose sub-keys are the object they configure, documented as one row.
+DOCUMENTED_AS_A_WHOLE = {
+    "podSecurityContext", "resources", "securityContext", "config", "emptyDir",
+    "startupProbe", "readinessProbe", "livenessProbe",
+}  # fmt: skip
+
+
+def test_chart_readme_documents_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    for name in _leaf_values(values):
+        assert f"`{name}`" in readme, f"deploy/helm/stratad/README.md lacks {name}"
