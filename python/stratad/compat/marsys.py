@@ -425,7 +425,11 @@ class StateManager:
     # -- sessions --------------------------------------------------------------------
 
     async def list_sessions(self) -> list[str]:
-        """The IDs of the tenant's sessions, sorted."""
+        """The IDs of the tenant's sessions, sorted.
+
+        That is every session of the tenant, whoever made it: give each
+        application its own tenant to keep their sessions apart.
+        """
         return [s.session_id async for s in self._conn.client().list_sessions()]
 
     async def delete_session(self, session_id: str) -> None:
