@@ -37,6 +37,7 @@ from stratad.domain.sessions import (
 )
 from stratad.errors import (
     CorruptObjectError,
+    DataLossError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -291,7 +292,16 @@ class Checkpoints:
         return LoadResult(self._read(live, cp), cp, version)
 
     def _read(self, live: LiveSession, cp: Checkpoint) -> bytes:
-        return live.tenant.read(cp.root, cp.root_kind, cp.size, cp.digest)
+        """A checkpoint's verified bytes (read outside the session lock)."""
+        try:
+            return live.tenant.read(cp.root, cp.root_kind, cp.size, cp.digest)
+        except DataLossError:
+            # Deleted (and collected) while we read it: that is "not found".
+            with live.lock:
+                gone = live.deleted or cp.checkpoint_id not in live.state.checkpoints
+            if gone:
+                raise NotFoundError(f"checkpoint {cp.checkpoint_id!r} not found") from None
+            raise
 
     # -- pause / resume ----------------------------------------------------------
 
