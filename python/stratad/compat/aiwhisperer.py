@@ -110,7 +110,9 @@ _client: Client | None = None
 # -- configuration -------------------------------------------------------------------
 
 
-def configure(address: str | None = None, tenant: str = "", *, keep_last: int = 10) -> None:
+def configure(
+    address: str | None = None, tenant: str = "", *, keep_last: int = DEFAULT_KEEP_LAST
+) -> None:
     """Point the module at a daemon (``address`` None: ``$STRATAD_ADDRESS`` or
     ``127.0.0.1:50051``) acting as ``tenant`` (empty: the daemon's default).
 
