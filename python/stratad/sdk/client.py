@@ -123,7 +123,10 @@ def _base_gone(exc: StratadError, plan: UploadPlan) -> bool:
 
 
 class Client:
-    """A blocking client. Use as a context manager, or call close()."""
+    """A blocking client. Use as a context manager, or call close().
+
+    Safe to share between threads.
+    """
 
     def __init__(
         self,
@@ -398,7 +401,11 @@ class Client:
 
 
 class AsyncClient:
-    """The asyncio client: the same methods as `Client`, awaitable."""
+    """The asyncio client: the same methods as `Client`, awaitable.
+
+    Like any grpc.aio channel, it belongs to the event loop it was created in:
+    create one per loop (per `asyncio.run`).
+    """
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ This module is sans-I/O: the sync and async clients drive it.
 from __future__ import annotations
 
 import collections
+import threading
 from dataclasses import dataclass
 
 from stratad import native
@@ -42,6 +43,9 @@ class UploadPlan:
 
 class Uploader:
     def __init__(self) -> None:
+        # A blocking Client may be shared by threads: every access to the two
+        # maps below holds this lock (the chunking and framing do not).
+        self._lock = threading.Lock()
         self._last: dict[tuple[str, str], _LastSave] = {}
         self._known: collections.OrderedDict[str, None] = collections.OrderedDict()
 
@@ -56,7 +60,9 @@ class Uploader:
         key = (request.session_id, request.namespace)
         chunked = checkpoint_pb2.ChunkedState(size=len(data), digest=native.digest_hex(data))
         keep = 0
-        last = self._last.get(key)
+        with self._lock:
+            last = self._last.get(key)
+            known = {d for d in digests if d in self._known}
         if last is not None:
             keep = _common_prefix(last.digests, digests)
             if keep:
@@ -65,7 +71,7 @@ class Uploader:
         sent: set[str] = set()
         for digest, piece in zip(digests[keep:], slices[keep:], strict=True):
             chunked.chunks.add(digest=digest, length=len(piece))
-            if digest not in self._known and digest not in sent:
+            if digest not in known and digest not in sent:
                 chunked.frames.append(native.encode_frame(piece))
                 sent.add(digest)
         out = checkpoint_pb2.SaveStateRequest()
@@ -76,8 +82,9 @@ class Uploader:
 
     def with_frames(self, plan: UploadPlan, missing: list[str]) -> UploadPlan:
         """After FAILED_PRECONDITION: forget what the daemon lacks, upload all of it."""
-        for digest in missing:
-            self._known.pop(digest, None)
+        with self._lock:
+            for digest in missing:
+                self._known.pop(digest, None)
         chunked = plan.request.chunked
         present = {native.frame_digest_hex(f) for f in chunked.frames}
         for digest in dict.fromkeys(missing):
@@ -87,7 +94,8 @@ class Uploader:
 
     def without_base(self, plan: UploadPlan) -> UploadPlan:
         """The base checkpoint is gone: list every chunk, upload the unknown ones."""
-        self._last.pop(plan.key, None)
+        with self._lock:
+            self._last.pop(plan.key, None)
         request = checkpoint_pb2.SaveStateRequest()
         request.CopyFrom(plan.request)
         request.ClearField("chunked")
@@ -100,16 +108,18 @@ class Uploader:
         return [ref.digest for ref in plan.request.chunked.chunks]
 
     def saved(self, plan: UploadPlan, checkpoint_id: str) -> None:
-        self._last[plan.key] = _LastSave(checkpoint_id, plan.digests)
-        for digest in plan.digests:
-            self._known[digest] = None
-            self._known.move_to_end(digest)
-        while len(self._known) > KNOWN_DIGESTS:
-            self._known.popitem(last=False)
+        with self._lock:
+            self._last[plan.key] = _LastSave(checkpoint_id, plan.digests)
+            for digest in plan.digests:
+                self._known[digest] = None
+                self._known.move_to_end(digest)
+            while len(self._known) > KNOWN_DIGESTS:
+                self._known.popitem(last=False)
 
     def forget_session(self, session_id: str) -> None:
-        for key in [k for k in self._last if k[0] == session_id]:
-            del self._last[key]
+        with self._lock:
+            for key in [k for k in self._last if k[0] == session_id]:
+                del self._last[key]
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
