@@ -44,6 +44,9 @@ step() { printf '\n--- %s (%ss)\n' "$1" "$((SECONDS - started))"; }
 
 # --- tools ------------------------------------------------------------------------
 mkdir -p "$TOOLS/bin"
+for needed in go "$PYTHON"; do
+    command -v "$needed" >/dev/null || { echo "check_deploy.sh needs $needed on PATH" >&2; exit 1; }
+done
 
 go_tool() {  # name module version [extra go flags...]
     local name=$1 module=$2 version=$3 stamp="$TOOLS/bin/.$1.version"
