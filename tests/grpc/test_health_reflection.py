@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from stratad.server.app import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME
+from stratad.server.app import HEALTH_SERVICE_NAME, MESSAGE_HEADROOM_BYTES, REFLECTION_SERVICE_NAME
 from stratad.server.registry import Resources, ServiceRegistration
 
 ECHO_SERVICE = "stratad.test.v1.EchoService"
@@ -83,13 +83,20 @@ def test_unknown_service_health_is_not_found(inprocess_server: Callable[..., Any
     assert excinfo.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_max_message_bytes_is_enforced(inprocess_server: Callable[..., Any]) -> None:
+def test_transport_refuses_messages_beyond_the_limit_and_its_headroom(
+    inprocess_server: Callable[..., Any],
+) -> None:
+    # The transport admits max_message_bytes plus envelope headroom; the state
+    # limit itself is the domain's (tests/grpc/test_checkpoints.py).
+    limit = 4096 + MESSAGE_HEADROOM_BYTES
     server = inprocess_server(services=[echo_registration()], max_message_bytes=4096)
-    with grpc.insecure_channel(server.target) as channel:
+    with grpc.insecure_channel(
+        server.target, options=[("grpc.max_send_message_length", -1)]
+    ) as channel:
         echo = channel.unary_unary(f"/{ECHO_SERVICE}/Echo")
-        assert echo(b"x" * 4000, timeout=10) == b"x" * 4000
+        assert echo(b"x" * 5000, timeout=10) == b"x" * 5000
         with pytest.raises(grpc.RpcError) as excinfo:
-            echo(b"x" * 5000, timeout=10)
+            echo(b"x" * (limit + 1), timeout=10)
     assert excinfo.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
