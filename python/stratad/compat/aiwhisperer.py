@@ -362,8 +362,3 @@ def get_global_state(state: dict[str, Any], key: str) -> Any:
         state.setdefault("global_state", {})[key] = value
         return value
     return state.get("global_state", {}).get(key, None)
-
-
-# -- the seed's task and global-state functions ------------------------------------------------
-# update_task_status, store_task_result, get_task_result, update_global_state and
-# get_global_state go here (on TaskService); add them to __all__ as well.
