@@ -75,6 +75,7 @@ class SaveInput:
     checkpoint_id: str = ""
     parent_checkpoint_id: str = ""  # "" = the latest checkpoint of the namespace
     namespace: str = ""
+    no_parent: bool = False  # a new line: no parent even if the namespace has checkpoints
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,8 @@ class Checkpoints:
             validate_id(inp.checkpoint_id, "checkpoint_id")
         if inp.parent_checkpoint_id:
             validate_id(inp.parent_checkpoint_id, "parent_checkpoint_id")
+            if inp.no_parent:
+                raise InvalidArgumentError("no_parent contradicts parent_checkpoint_id")
         validate_namespace(inp.namespace)
         if len(inp.content_type) > MAX_CONTENT_TYPE:
             raise InvalidArgumentError(f"content_type is longer than {MAX_CONTENT_TYPE} characters")
@@ -161,7 +164,8 @@ class Checkpoints:
         """Chunk/verify outside the session lock: this is the CPU-heavy part."""
         with live.lock:
             check_usable(live)
-            base_cp = self._parent(live, inp)
+            # no_parent: still delta against the namespace's latest (dedup only).
+            base_cp = latest(live, inp.namespace) if inp.no_parent else self._parent(live, inp)
         base = (base_cp.root, base_cp.root_kind) if base_cp else None
         if inp.data is not None:
             stored = live.tenant.prepare(inp.data, base)
@@ -224,6 +228,8 @@ class Checkpoints:
             if cp is None:
                 raise NotFoundError(f"parent checkpoint {inp.parent_checkpoint_id!r} not found")
             return cp
+        if inp.no_parent:
+            return None
         return latest(live, inp.namespace)
 
     def _save_mutation(
@@ -360,6 +366,7 @@ class Checkpoints:
                 created_at=at,
                 stored_bytes=0,
                 structured=copy.deepcopy(live.state.structured),
+                writes=[],  # pending writes belong to the head, not to its pinned copy
             )
             touch_for_gc(live, cp)
             return save_mutation(cp, version, at, [], [])

@@ -14,6 +14,7 @@ from stratad.domain.events import EventHub
 from stratad.domain.profiles import Profiles
 from stratad.domain.sessions import SessionManager
 from stratad.domain.tasks import Tasks
+from stratad.domain.writes import CheckpointExtras
 from stratad.store.commit import GroupCommitter
 from stratad.store.store import Store
 
@@ -42,6 +43,9 @@ class Engine:
         self.sessions = SessionManager(self.store, self.events, compact_min_bytes=compact_min_bytes)
         self.checkpoints = Checkpoints(self.sessions, max_state_bytes=max_state_bytes)
         self.admin = Admin(self.sessions)
+        # Pending writes, CopySession, PruneCheckpoints, DeleteCheckpoints (and
+        # their record reducers, which the journal replay needs).
+        self.checkpoint_extras = CheckpointExtras(self.sessions)
         # Structured state: importing these modules registers their record
         # reducers, which the journal replay in open() needs.
         self.cognitive = Cognitive(self.sessions)

@@ -42,6 +42,8 @@ class Checkpoint:
     root_kind: str
     stored_bytes: int = 0
     structured: dict[str, Any] = field(default_factory=dict)
+    #: Pending writes attached to this checkpoint (domain/writes.py), JSON-ready.
+    writes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def pinned(self) -> bool:

@@ -11,6 +11,7 @@ from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from stratad.api.v1 import common_pb2 as _common_pb2
 from stratad.api.v1 import session_pb2 as _session_pb2
 import builtins as _builtins
@@ -23,6 +24,27 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _PruneStrategy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PruneStrategyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PruneStrategy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PRUNE_STRATEGY_UNSPECIFIED: _PruneStrategy.ValueType  # 0
+    PRUNE_STRATEGY_KEEP_LATEST: _PruneStrategy.ValueType  # 1
+    """Keep the latest checkpoint of each namespace and every named checkpoint."""
+    PRUNE_STRATEGY_DELETE: _PruneStrategy.ValueType  # 2
+    """Delete every checkpoint (the sessions stay, empty)."""
+
+class PruneStrategy(_PruneStrategy, metaclass=_PruneStrategyEnumTypeWrapper): ...
+
+PRUNE_STRATEGY_UNSPECIFIED: PruneStrategy.ValueType  # 0
+PRUNE_STRATEGY_KEEP_LATEST: PruneStrategy.ValueType  # 1
+"""Keep the latest checkpoint of each namespace and every named checkpoint."""
+PRUNE_STRATEGY_DELETE: PruneStrategy.ValueType  # 2
+"""Delete every checkpoint (the sessions stay, empty)."""
+Global___PruneStrategy: _TypeAlias = PruneStrategy  # noqa: Y015
 
 @_typing.final
 class SaveStateRequest(_message.Message):
@@ -37,6 +59,7 @@ class SaveStateRequest(_message.Message):
     PARENT_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     CHUNKED_FIELD_NUMBER: _builtins.int
+    NO_PARENT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     data: _builtins.bytes
     """The state, opaque to stratad. Leave empty and set `chunked` to upload a
@@ -50,6 +73,10 @@ class SaveStateRequest(_message.Message):
     parent_checkpoint_id: _builtins.str
     """Defaults to the latest checkpoint of the namespace."""
     namespace: _builtins.str
+    no_parent: _builtins.bool
+    """The checkpoint starts a new line: it has no parent even when the namespace
+    has checkpoints (parent_checkpoint_id must then be empty).
+    """
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -66,10 +93,11 @@ class SaveStateRequest(_message.Message):
         parent_checkpoint_id: _builtins.str = ...,
         namespace: _builtins.str = ...,
         chunked: Global___ChunkedState | None = ...,
+        no_parent: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chunked", b"chunked", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "chunked", b"chunked", "content_type", b"content_type", "data", b"data", "expected_version", b"expected_version", "metadata", b"metadata", "namespace", b"namespace", "parent_checkpoint_id", b"parent_checkpoint_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "chunked", b"chunked", "content_type", b"content_type", "data", b"data", "expected_version", b"expected_version", "metadata", b"metadata", "namespace", b"namespace", "no_parent", b"no_parent", "parent_checkpoint_id", b"parent_checkpoint_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -185,20 +213,24 @@ class LoadStateRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
+    INCLUDE_WRITES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     checkpoint_id: _builtins.str
     """Empty = the latest checkpoint of `namespace`."""
     namespace: _builtins.str
+    include_writes: _builtins.bool
+    """Also return the checkpoint's pending writes (in checkpoint.pending_writes)."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         checkpoint_id: _builtins.str = ...,
         namespace: _builtins.str = ...,
+        include_writes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "namespace", b"namespace", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "include_writes", b"include_writes", "namespace", b"namespace", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -260,6 +292,8 @@ class Checkpoint(_message.Message):
     SIZE_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     STORED_BYTES_FIELD_NUMBER: _builtins.int
+    PENDING_WRITES_FIELD_NUMBER: _builtins.int
+    PENDING_WRITE_COUNT_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     session_id: _builtins.str
     version: _builtins.int
@@ -272,10 +306,18 @@ class Checkpoint(_message.Message):
     size: _builtins.int
     digest: _builtins.str
     stored_bytes: _builtins.int
+    pending_write_count: _builtins.int
+    """How many pending writes the checkpoint has (always filled)."""
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def pending_writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PendingWrite]:
+        """Only filled when the request asked for them (include_writes), ordered by
+        (task_path, task_id, idx).
+        """
+
     def __init__(
         self,
         *,
@@ -291,10 +333,12 @@ class Checkpoint(_message.Message):
         size: _builtins.int = ...,
         digest: _builtins.str = ...,
         stored_bytes: _builtins.int = ...,
+        pending_writes: _abc.Iterable[Global___PendingWrite] | None = ...,
+        pending_write_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "content_type", b"content_type", "created_at", b"created_at", "digest", b"digest", "metadata", b"metadata", "name", b"name", "namespace", b"namespace", "parent_checkpoint_id", b"parent_checkpoint_id", "session_id", b"session_id", "size", b"size", "stored_bytes", b"stored_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "content_type", b"content_type", "created_at", b"created_at", "digest", b"digest", "metadata", b"metadata", "name", b"name", "namespace", b"namespace", "parent_checkpoint_id", b"parent_checkpoint_id", "pending_write_count", b"pending_write_count", "pending_writes", b"pending_writes", "session_id", b"session_id", "size", b"size", "stored_bytes", b"stored_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -511,6 +555,7 @@ class ListCheckpointsRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     METADATA_FILTER_FIELD_NUMBER: _builtins.int
     BEFORE_FIELD_NUMBER: _builtins.int
+    INCLUDE_WRITES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     page_size: _builtins.int
     page_token: _builtins.str
@@ -518,6 +563,8 @@ class ListCheckpointsRequest(_message.Message):
     """Only checkpoints of this namespace (all namespaces when unset)."""
     before: _builtins.str
     """Only checkpoints created before this one."""
+    include_writes: _builtins.bool
+    """Also return each checkpoint's pending writes."""
     @_builtins.property
     def metadata_filter(self) -> _struct_pb2.Struct:
         """Only checkpoints whose metadata contains every one of these fields."""
@@ -531,10 +578,11 @@ class ListCheckpointsRequest(_message.Message):
         namespace: _builtins.str | None = ...,
         metadata_filter: _struct_pb2.Struct | None = ...,
         before: _builtins.str = ...,
+        include_writes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_namespace", b"_namespace", "metadata_filter", b"metadata_filter", "namespace", b"namespace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_namespace", b"_namespace", "before", b"before", "metadata_filter", b"metadata_filter", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_namespace", b"_namespace", "before", b"before", "include_writes", b"include_writes", "metadata_filter", b"metadata_filter", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__namespace: _TypeAlias = _typing.Literal["namespace"]  # noqa: Y015
     _WhichOneofArgType__namespace: _TypeAlias = _typing.Literal["_namespace", b"_namespace"]  # noqa: Y015
@@ -756,3 +804,369 @@ class FindMissingChunksResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FindMissingChunksResponse: _TypeAlias = FindMissingChunksResponse  # noqa: Y015
+
+@_typing.final
+class PendingWrite(_message.Message):
+    """One pending write of a task, as stored with a checkpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    TASK_PATH_FIELD_NUMBER: _builtins.int
+    IDX_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    task_path: _builtins.str
+    """The task's path (used to order the writes of parallel tasks); may be empty."""
+    idx: _builtins.int
+    """The write's position in its task's PutWrites call; negative for special
+    channels (stored at most once per task and replaced by a later write).
+    """
+    channel: _builtins.str
+    type: _builtins.str
+    """How `value` is encoded, opaque to stratad (e.g. a serializer's type tag)."""
+    value: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        task_path: _builtins.str = ...,
+        idx: _builtins.int = ...,
+        channel: _builtins.str = ...,
+        type: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "idx", b"idx", "task_id", b"task_id", "task_path", b"task_path", "type", b"type", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PendingWrite: _TypeAlias = PendingWrite  # noqa: Y015
+
+@_typing.final
+class WriteValue(_message.Message):
+    """One write of a PutWrites call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDX_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    idx: _builtins.int
+    """>= 0: the write's position in the call (kept if already stored);
+    < 0: a special channel (replaces the stored write of the same idx).
+    """
+    channel: _builtins.str
+    type: _builtins.str
+    value: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        idx: _builtins.int = ...,
+        channel: _builtins.str = ...,
+        type: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "idx", b"idx", "type", b"type", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteValue: _TypeAlias = WriteValue  # noqa: Y015
+
+@_typing.final
+class PutWritesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    TASK_PATH_FIELD_NUMBER: _builtins.int
+    WRITES_FIELD_NUMBER: _builtins.int
+    EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    checkpoint_id: _builtins.str
+    task_id: _builtins.str
+    task_path: _builtins.str
+    expected_version: _builtins.int
+    """0 = don't check; otherwise ABORTED unless the session is at this version."""
+    @_builtins.property
+    def writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___WriteValue]: ...
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        task_path: _builtins.str = ...,
+        writes: _abc.Iterable[Global___WriteValue] | None = ...,
+        expected_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "expected_version", b"expected_version", "session_id", b"session_id", "task_id", b"task_id", "task_path", b"task_path", "writes", b"writes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutWritesRequest: _TypeAlias = PutWritesRequest  # noqa: Y015
+
+@_typing.final
+class PutWritesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    STORED_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The session's version after the call (unchanged when nothing was new)."""
+    stored: _builtins.int
+    """Writes added or replaced (0 for a repeated call)."""
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        stored: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stored", b"stored", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutWritesResponse: _TypeAlias = PutWritesResponse  # noqa: Y015
+
+@_typing.final
+class CopySessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class CheckpointIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SOURCE_SESSION_ID_FIELD_NUMBER: _builtins.int
+    TARGET_SESSION_ID_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_IDS_FIELD_NUMBER: _builtins.int
+    source_session_id: _builtins.str
+    target_session_id: _builtins.str
+    """The new session (ALREADY_EXISTS if it exists); generated when empty."""
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels of the new session; the source's labels when empty."""
+
+    @_builtins.property
+    def checkpoint_ids(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """IDs for the copies, by source checkpoint ID (unique within the tenant like
+        every checkpoint ID); checkpoints not named here get generated IDs.
+        """
+
+    def __init__(
+        self,
+        *,
+        source_session_id: _builtins.str = ...,
+        target_session_id: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        checkpoint_ids: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_ids", b"checkpoint_ids", "labels", b"labels", "source_session_id", b"source_session_id", "target_session_id", b"target_session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CopySessionRequest: _TypeAlias = CopySessionRequest  # noqa: Y015
+
+@_typing.final
+class CopySessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CheckpointIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> _session_pb2.Session: ...
+    @_builtins.property
+    def checkpoint_ids(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Source checkpoint ID -> ID of its copy, for every copied checkpoint."""
+
+    def __init__(
+        self,
+        *,
+        session: _session_pb2.Session | None = ...,
+        checkpoint_ids: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_ids", b"checkpoint_ids", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CopySessionResponse: _TypeAlias = CopySessionResponse  # noqa: Y015
+
+@_typing.final
+class PruneCheckpointsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_IDS_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    strategy: Global___PruneStrategy.ValueType
+    @_builtins.property
+    def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """At most 1000 sessions; sessions that do not exist are skipped (and listed
+        in the response).
+        """
+
+    def __init__(
+        self,
+        *,
+        session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        strategy: Global___PruneStrategy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_ids", b"session_ids", "strategy", b"strategy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PruneCheckpointsRequest: _TypeAlias = PruneCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class PruneCheckpointsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_DELETED_FIELD_NUMBER: _builtins.int
+    MISSING_SESSION_IDS_FIELD_NUMBER: _builtins.int
+    checkpoints_deleted: _builtins.int
+    @_builtins.property
+    def missing_session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        checkpoints_deleted: _builtins.int = ...,
+        missing_session_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints_deleted", b"checkpoints_deleted", "missing_session_ids", b"missing_session_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PruneCheckpointsResponse: _TypeAlias = PruneCheckpointsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    METADATA_FILTERS_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Empty = every session of the tenant."""
+    namespace: _builtins.str
+    """Only checkpoints of this namespace (all namespaces when unset)."""
+    @_builtins.property
+    def metadata_filters(self) -> _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]:
+        """A checkpoint is deleted when its metadata contains every field of at least
+        one of these filters (at least one non-empty filter is required).
+        """
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        metadata_filters: _abc.Iterable[_struct_pb2.Struct] | None = ...,
+        namespace: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_namespace", b"_namespace", "namespace", b"namespace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_namespace", b"_namespace", "metadata_filters", b"metadata_filters", "namespace", b"namespace", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__namespace: _TypeAlias = _typing.Literal["namespace"]  # noqa: Y015
+    _WhichOneofArgType__namespace: _TypeAlias = _typing.Literal["_namespace", b"_namespace"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__namespace) -> _WhichOneofReturnType__namespace | None: ...
+
+Global___DeleteCheckpointsRequest: _TypeAlias = DeleteCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_DELETED_FIELD_NUMBER: _builtins.int
+    SESSION_IDS_FIELD_NUMBER: _builtins.int
+    checkpoints_deleted: _builtins.int
+    @_builtins.property
+    def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The sessions that lost checkpoints."""
+
+    def __init__(
+        self,
+        *,
+        checkpoints_deleted: _builtins.int = ...,
+        session_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints_deleted", b"checkpoints_deleted", "session_ids", b"session_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointsResponse: _TypeAlias = DeleteCheckpointsResponse  # noqa: Y015

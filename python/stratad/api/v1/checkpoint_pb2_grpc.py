@@ -89,6 +89,26 @@ class CheckpointServiceStub:
                 request_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.FindMissingChunksRequest.SerializeToString,
                 response_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.FindMissingChunksResponse.FromString,
                 _registered_method=True)
+        self.PutWrites = channel.unary_unary(
+                '/stratad.api.v1.CheckpointService/PutWrites',
+                request_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.PutWritesRequest.SerializeToString,
+                response_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.PutWritesResponse.FromString,
+                _registered_method=True)
+        self.CopySession = channel.unary_unary(
+                '/stratad.api.v1.CheckpointService/CopySession',
+                request_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.CopySessionRequest.SerializeToString,
+                response_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.CopySessionResponse.FromString,
+                _registered_method=True)
+        self.PruneCheckpoints = channel.unary_unary(
+                '/stratad.api.v1.CheckpointService/PruneCheckpoints',
+                request_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.PruneCheckpointsRequest.SerializeToString,
+                response_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.PruneCheckpointsResponse.FromString,
+                _registered_method=True)
+        self.DeleteCheckpoints = channel.unary_unary(
+                '/stratad.api.v1.CheckpointService/DeleteCheckpoints',
+                request_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.DeleteCheckpointsRequest.SerializeToString,
+                response_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.DeleteCheckpointsResponse.FromString,
+                _registered_method=True)
 
 
 class CheckpointServiceServicer:
@@ -171,6 +191,43 @@ class CheckpointServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutWrites(self, request, context):
+        """Attaches pending writes (what the tasks of the next step produced so far)
+        to a checkpoint. Writes are keyed by (task_id, idx): a write with idx >= 0
+        that is already stored is kept as it is, so a retried call changes
+        nothing; one with idx < 0 (a special channel: an error, an interrupt)
+        replaces the stored one. LoadState and ListCheckpoints return them when
+        asked (include_writes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CopySession(self, request, context):
+        """Creates a session holding a copy of every checkpoint of another (with
+        metadata, namespaces, parents and pending writes), in the same order. The
+        copies share the source's objects: no state data is copied.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PruneCheckpoints(self, request, context):
+        """Prunes the checkpoints of sessions: KEEP_LATEST keeps the latest checkpoint
+        of each namespace (and named ones), DELETE removes every checkpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCheckpoints(self, request, context):
+        """Deletes the checkpoints whose metadata matches a filter, in one session or
+        in every session of the tenant.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CheckpointServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -228,6 +285,26 @@ def add_CheckpointServiceServicer_to_server(servicer, server):
                     servicer.FindMissingChunks,
                     request_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.FindMissingChunksRequest.FromString,
                     response_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.FindMissingChunksResponse.SerializeToString,
+            ),
+            'PutWrites': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutWrites,
+                    request_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.PutWritesRequest.FromString,
+                    response_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.PutWritesResponse.SerializeToString,
+            ),
+            'CopySession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CopySession,
+                    request_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.CopySessionRequest.FromString,
+                    response_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.CopySessionResponse.SerializeToString,
+            ),
+            'PruneCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.PruneCheckpoints,
+                    request_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.PruneCheckpointsRequest.FromString,
+                    response_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.PruneCheckpointsResponse.SerializeToString,
+            ),
+            'DeleteCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCheckpoints,
+                    request_deserializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.DeleteCheckpointsRequest.FromString,
+                    response_serializer=stratad_dot_api_dot_v1_dot_checkpoint__pb2.DeleteCheckpointsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -527,6 +604,114 @@ class CheckpointService:
             '/stratad.api.v1.CheckpointService/FindMissingChunks',
             stratad_dot_api_dot_v1_dot_checkpoint__pb2.FindMissingChunksRequest.SerializeToString,
             stratad_dot_api_dot_v1_dot_checkpoint__pb2.FindMissingChunksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutWrites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratad.api.v1.CheckpointService/PutWrites',
+            stratad_dot_api_dot_v1_dot_checkpoint__pb2.PutWritesRequest.SerializeToString,
+            stratad_dot_api_dot_v1_dot_checkpoint__pb2.PutWritesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CopySession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratad.api.v1.CheckpointService/CopySession',
+            stratad_dot_api_dot_v1_dot_checkpoint__pb2.CopySessionRequest.SerializeToString,
+            stratad_dot_api_dot_v1_dot_checkpoint__pb2.CopySessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PruneCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratad.api.v1.CheckpointService/PruneCheckpoints',
+            stratad_dot_api_dot_v1_dot_checkpoint__pb2.PruneCheckpointsRequest.SerializeToString,
+            stratad_dot_api_dot_v1_dot_checkpoint__pb2.PruneCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratad.api.v1.CheckpointService/DeleteCheckpoints',
+            stratad_dot_api_dot_v1_dot_checkpoint__pb2.DeleteCheckpointsRequest.SerializeToString,
+            stratad_dot_api_dot_v1_dot_checkpoint__pb2.DeleteCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,27 @@ class CheckpointServiceStub:
     """
     FindMissingChunks: _grpc.UnaryUnaryMultiCallable[_checkpoint_pb2.FindMissingChunksRequest, _checkpoint_pb2.FindMissingChunksResponse]
     """Which of these chunk digests the daemon does not have (for chunked uploads)."""
+    PutWrites: _grpc.UnaryUnaryMultiCallable[_checkpoint_pb2.PutWritesRequest, _checkpoint_pb2.PutWritesResponse]
+    """Attaches pending writes (what the tasks of the next step produced so far)
+    to a checkpoint. Writes are keyed by (task_id, idx): a write with idx >= 0
+    that is already stored is kept as it is, so a retried call changes
+    nothing; one with idx < 0 (a special channel: an error, an interrupt)
+    replaces the stored one. LoadState and ListCheckpoints return them when
+    asked (include_writes).
+    """
+    CopySession: _grpc.UnaryUnaryMultiCallable[_checkpoint_pb2.CopySessionRequest, _checkpoint_pb2.CopySessionResponse]
+    """Creates a session holding a copy of every checkpoint of another (with
+    metadata, namespaces, parents and pending writes), in the same order. The
+    copies share the source's objects: no state data is copied.
+    """
+    PruneCheckpoints: _grpc.UnaryUnaryMultiCallable[_checkpoint_pb2.PruneCheckpointsRequest, _checkpoint_pb2.PruneCheckpointsResponse]
+    """Prunes the checkpoints of sessions: KEEP_LATEST keeps the latest checkpoint
+    of each namespace (and named ones), DELETE removes every checkpoint.
+    """
+    DeleteCheckpoints: _grpc.UnaryUnaryMultiCallable[_checkpoint_pb2.DeleteCheckpointsRequest, _checkpoint_pb2.DeleteCheckpointsResponse]
+    """Deletes the checkpoints whose metadata matches a filter, in one session or
+    in every session of the tenant.
+    """
 
 @_typing.type_check_only
 class CheckpointServiceAsyncStub(CheckpointServiceStub):
@@ -83,6 +104,27 @@ class CheckpointServiceAsyncStub(CheckpointServiceStub):
     """
     FindMissingChunks: _aio.UnaryUnaryMultiCallable[_checkpoint_pb2.FindMissingChunksRequest, _checkpoint_pb2.FindMissingChunksResponse]  # type: ignore[assignment]
     """Which of these chunk digests the daemon does not have (for chunked uploads)."""
+    PutWrites: _aio.UnaryUnaryMultiCallable[_checkpoint_pb2.PutWritesRequest, _checkpoint_pb2.PutWritesResponse]  # type: ignore[assignment]
+    """Attaches pending writes (what the tasks of the next step produced so far)
+    to a checkpoint. Writes are keyed by (task_id, idx): a write with idx >= 0
+    that is already stored is kept as it is, so a retried call changes
+    nothing; one with idx < 0 (a special channel: an error, an interrupt)
+    replaces the stored one. LoadState and ListCheckpoints return them when
+    asked (include_writes).
+    """
+    CopySession: _aio.UnaryUnaryMultiCallable[_checkpoint_pb2.CopySessionRequest, _checkpoint_pb2.CopySessionResponse]  # type: ignore[assignment]
+    """Creates a session holding a copy of every checkpoint of another (with
+    metadata, namespaces, parents and pending writes), in the same order. The
+    copies share the source's objects: no state data is copied.
+    """
+    PruneCheckpoints: _aio.UnaryUnaryMultiCallable[_checkpoint_pb2.PruneCheckpointsRequest, _checkpoint_pb2.PruneCheckpointsResponse]  # type: ignore[assignment]
+    """Prunes the checkpoints of sessions: KEEP_LATEST keeps the latest checkpoint
+    of each namespace (and named ones), DELETE removes every checkpoint.
+    """
+    DeleteCheckpoints: _aio.UnaryUnaryMultiCallable[_checkpoint_pb2.DeleteCheckpointsRequest, _checkpoint_pb2.DeleteCheckpointsResponse]  # type: ignore[assignment]
+    """Deletes the checkpoints whose metadata matches a filter, in one session or
+    in every session of the tenant.
+    """
 
 class CheckpointServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -173,5 +215,50 @@ class CheckpointServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_checkpoint_pb2.FindMissingChunksResponse, _abc.Awaitable[_checkpoint_pb2.FindMissingChunksResponse]]:
         """Which of these chunk digests the daemon does not have (for chunked uploads)."""
+
+    @_abc_1.abstractmethod
+    def PutWrites(
+        self,
+        request: _checkpoint_pb2.PutWritesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_checkpoint_pb2.PutWritesResponse, _abc.Awaitable[_checkpoint_pb2.PutWritesResponse]]:
+        """Attaches pending writes (what the tasks of the next step produced so far)
+        to a checkpoint. Writes are keyed by (task_id, idx): a write with idx >= 0
+        that is already stored is kept as it is, so a retried call changes
+        nothing; one with idx < 0 (a special channel: an error, an interrupt)
+        replaces the stored one. LoadState and ListCheckpoints return them when
+        asked (include_writes).
+        """
+
+    @_abc_1.abstractmethod
+    def CopySession(
+        self,
+        request: _checkpoint_pb2.CopySessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_checkpoint_pb2.CopySessionResponse, _abc.Awaitable[_checkpoint_pb2.CopySessionResponse]]:
+        """Creates a session holding a copy of every checkpoint of another (with
+        metadata, namespaces, parents and pending writes), in the same order. The
+        copies share the source's objects: no state data is copied.
+        """
+
+    @_abc_1.abstractmethod
+    def PruneCheckpoints(
+        self,
+        request: _checkpoint_pb2.PruneCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_checkpoint_pb2.PruneCheckpointsResponse, _abc.Awaitable[_checkpoint_pb2.PruneCheckpointsResponse]]:
+        """Prunes the checkpoints of sessions: KEEP_LATEST keeps the latest checkpoint
+        of each namespace (and named ones), DELETE removes every checkpoint.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteCheckpoints(
+        self,
+        request: _checkpoint_pb2.DeleteCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_checkpoint_pb2.DeleteCheckpointsResponse, _abc.Awaitable[_checkpoint_pb2.DeleteCheckpointsResponse]]:
+        """Deletes the checkpoints whose metadata matches a filter, in one session or
+        in every session of the tenant.
+        """
 
 def add_CheckpointServiceServicer_to_server(servicer: CheckpointServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -9,8 +9,9 @@ import grpc
 
 from stratad.api.v1 import checkpoint_pb2, checkpoint_pb2_grpc, common_pb2
 from stratad.domain.checkpoints import ChunkUpload, SaveInput
-from stratad.domain.models import SessionStatus
-from stratad.errors import StratadError
+from stratad.domain.models import Checkpoint, SessionStatus
+from stratad.domain.writes import PruneStrategy, WriteInput, pending_writes
+from stratad.errors import InvalidArgumentError, StratadError
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import (
     checkpoint_to_pb,
@@ -87,6 +88,7 @@ def save_input(request: checkpoint_pb2.SaveStateRequest) -> SaveInput:
         checkpoint_id=request.checkpoint_id,
         parent_checkpoint_id=request.parent_checkpoint_id,
         namespace=request.namespace,
+        no_parent=request.no_parent,
     )
 
 
@@ -115,7 +117,9 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             request.checkpoint_id,
             request.namespace,
         )
-        return load_to_pb(result)
+        response = load_to_pb(result)
+        _add_writes(response.checkpoint, result.checkpoint, request.include_writes)
+        return response
 
     async def PauseExecution(
         self, request: checkpoint_pb2.PauseExecutionRequest, context: grpc.aio.ServicerContext
@@ -198,9 +202,12 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             page_size=request.page_size,
             page_token=request.page_token,
         )
-        return checkpoint_pb2.ListCheckpointsResponse(
+        response = checkpoint_pb2.ListCheckpointsResponse(
             checkpoints=[checkpoint_to_pb(c) for c in page], next_page_token=token
         )
+        for out, cp in zip(response.checkpoints, page, strict=True):
+            _add_writes(out, cp, request.include_writes)
+        return response
 
     async def DeleteCheckpoint(
         self, request: checkpoint_pb2.DeleteCheckpointRequest, context: grpc.aio.ServicerContext
@@ -269,3 +276,86 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             self.engine.checkpoints.find_missing, tenant_of(context), list(request.digests)
         )
         return checkpoint_pb2.FindMissingChunksResponse(missing=missing)
+
+    # -- pending writes, copy, prune, delete by metadata (domain/writes.py) ----------
+
+    async def PutWrites(
+        self, request: checkpoint_pb2.PutWritesRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.PutWritesResponse:
+        writes = [WriteInput(w.idx, w.channel, w.type, w.value) for w in request.writes]
+        small = sum(len(w.value) for w in writes) <= INLINE_SAVE_BYTES
+        result = await (self.mutate if small else self.run)(
+            self.engine.checkpoint_extras.put_writes,
+            tenant_of(context),
+            request.session_id,
+            request.checkpoint_id,
+            request.task_id,
+            writes,
+            task_path=request.task_path,
+            expected_version=request.expected_version,
+        )
+        return checkpoint_pb2.PutWritesResponse(version=result.version, stored=result.stored)
+
+    async def CopySession(
+        self, request: checkpoint_pb2.CopySessionRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.CopySessionResponse:
+        result = await self.run(
+            self.engine.checkpoint_extras.copy_session,
+            tenant_of(context),
+            request.source_session_id,
+            target_session_id=request.target_session_id,
+            labels=dict(request.labels),
+            checkpoint_ids=dict(request.checkpoint_ids),
+        )
+        return checkpoint_pb2.CopySessionResponse(
+            session=session_to_pb(result.session), checkpoint_ids=result.checkpoint_ids
+        )
+
+    async def PruneCheckpoints(
+        self, request: checkpoint_pb2.PruneCheckpointsRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.PruneCheckpointsResponse:
+        strategy = _PRUNE_STRATEGIES.get(request.strategy)
+        if strategy is None:
+            raise InvalidArgumentError("strategy must be KEEP_LATEST or DELETE")
+        result = await self.run(
+            self.engine.checkpoint_extras.prune,
+            tenant_of(context),
+            list(request.session_ids),
+            strategy,
+        )
+        return checkpoint_pb2.PruneCheckpointsResponse(
+            checkpoints_deleted=result.deleted, missing_session_ids=result.missing
+        )
+
+    async def DeleteCheckpoints(
+        self, request: checkpoint_pb2.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext
+    ) -> checkpoint_pb2.DeleteCheckpointsResponse:
+        result = await self.run(
+            self.engine.checkpoint_extras.delete_matching,
+            tenant_of(context),
+            [struct_to_dict(f) for f in request.metadata_filters],
+            session_id=request.session_id,
+            namespace=request.namespace if request.HasField("namespace") else None,
+        )
+        return checkpoint_pb2.DeleteCheckpointsResponse(
+            checkpoints_deleted=result.deleted, session_ids=result.session_ids
+        )
+
+
+_PRUNE_STRATEGIES = {
+    checkpoint_pb2.PRUNE_STRATEGY_KEEP_LATEST: PruneStrategy.KEEP_LATEST,
+    checkpoint_pb2.PRUNE_STRATEGY_DELETE: PruneStrategy.DELETE,
+}
+
+
+def _add_writes(out: checkpoint_pb2.Checkpoint, cp: Checkpoint, include: bool) -> None:
+    """Pending writes of a checkpoint: always their count, the writes when asked."""
+    out.pending_write_count = len(cp.writes)
+    if include:
+        out.pending_writes.extend(
+            checkpoint_pb2.PendingWrite(
+                task_id=w.task_id, task_path=w.task_path, idx=w.idx,
+                channel=w.channel, type=w.type, value=w.value,
+            )
+            for w in pending_writes(cp)
+        )  # fmt: skip
