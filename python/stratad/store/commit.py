@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from stratad.store.fsync import sync_filesystem
-from stratad.store.journal import Journal
+from stratad.store.journal import FSYNC_OBSERVERS, Journal
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,13 @@ def sync_all(points: Iterable[SyncPoint]) -> None:
         # Everything appended before the call is covered, so note each
         # journal's size first (appends may race with the syncfs).
         sizes = [(p.journal, p.journal.size) for p in furthest.values()]
+        started = time.perf_counter()
         if sync_filesystem(sizes[0][0].path.parent):
+            elapsed = time.perf_counter() - started
             for journal, size in sizes:
                 journal.mark_synced(size)
+                for observe in FSYNC_OBSERVERS:
+                    observe(journal.path, elapsed)
             return
     for point in furthest.values():
         point.journal.sync(point.offset)
