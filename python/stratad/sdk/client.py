@@ -399,6 +399,73 @@ class Client:
     def store_stats(self) -> admin_pb2.GetStoreStatsResponse:
         return self.call(self.admin.GetStoreStats, admin_pb2.GetStoreStatsRequest())  # type: ignore[no-any-return]
 
+    # -- pending writes, copy, prune, delete by metadata -----------------------------
+
+    def put_writes(
+        self,
+        session_id: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Iterable[tuple[int, str, str, bytes]],
+        *,
+        task_path: str = "",
+        expected_version: int = 0,
+    ) -> checkpoint_pb2.PutWritesResponse:
+        """Attach pending writes `(idx, channel, type, value)` to a checkpoint (upsert)."""
+        request = put_writes_request(
+            session_id, checkpoint_id, task_id, writes, task_path, expected_version
+        )
+        return self.call(self.checkpoints.PutWrites, request)  # type: ignore[no-any-return]
+
+    def load_state_with_writes(
+        self, session_id: str, checkpoint_id: str = "", namespace: str = ""
+    ) -> checkpoint_pb2.LoadStateResponse:
+        """load_state, plus the checkpoint's pending writes in `.checkpoint.pending_writes`."""
+        request = checkpoint_pb2.LoadStateRequest(
+            session_id=session_id,
+            checkpoint_id=checkpoint_id,
+            namespace=namespace,
+            include_writes=True,
+        )
+        return self.call(self.checkpoints.LoadState, request)  # type: ignore[no-any-return]
+
+    def copy_session(
+        self,
+        source_session_id: str,
+        target_session_id: str = "",
+        *,
+        labels: dict[str, str] | None = None,
+        checkpoint_ids: dict[str, str] | None = None,
+    ) -> checkpoint_pb2.CopySessionResponse:
+        """A new session with a copy of every checkpoint of the source (objects shared)."""
+        request = checkpoint_pb2.CopySessionRequest(
+            source_session_id=source_session_id,
+            target_session_id=target_session_id,
+            labels=labels or {},
+            checkpoint_ids=checkpoint_ids or {},
+        )
+        return self.call(self.checkpoints.CopySession, request)  # type: ignore[no-any-return]
+
+    def prune_checkpoints(
+        self, session_ids: Iterable[str], strategy: str = "keep_latest"
+    ) -> checkpoint_pb2.PruneCheckpointsResponse:
+        """Keep the latest checkpoint of each namespace (`keep_latest`) or delete all (`delete`)."""
+        request = checkpoint_pb2.PruneCheckpointsRequest(
+            session_ids=list(session_ids), strategy=prune_strategy(strategy)
+        )
+        return self.call(self.checkpoints.PruneCheckpoints, request)  # type: ignore[no-any-return]
+
+    def delete_checkpoints(
+        self,
+        metadata_filters: Iterable[dict[str, Any]],
+        *,
+        session_id: str = "",
+        namespace: str | None = None,
+    ) -> checkpoint_pb2.DeleteCheckpointsResponse:
+        """Delete checkpoints whose metadata matches any filter (all sessions when none given)."""
+        request = delete_checkpoints_request(metadata_filters, session_id, namespace)
+        return self.call(self.checkpoints.DeleteCheckpoints, request)  # type: ignore[no-any-return]
+
 
 class AsyncClient:
     """The asyncio client: the same methods as `Client`, awaitable.
@@ -650,3 +717,117 @@ class AsyncClient:
     async def store_stats(self) -> admin_pb2.GetStoreStatsResponse:
         request = admin_pb2.GetStoreStatsRequest()
         return await self.call(self.admin.GetStoreStats, request)  # type: ignore[no-any-return]
+
+    # -- pending writes, copy, prune, delete by metadata -----------------------------
+
+    async def put_writes(
+        self,
+        session_id: str,
+        checkpoint_id: str,
+        task_id: str,
+        writes: Iterable[tuple[int, str, str, bytes]],
+        *,
+        task_path: str = "",
+        expected_version: int = 0,
+    ) -> checkpoint_pb2.PutWritesResponse:
+        """Attach pending writes `(idx, channel, type, value)` to a checkpoint (upsert)."""
+        request = put_writes_request(
+            session_id, checkpoint_id, task_id, writes, task_path, expected_version
+        )
+        return await self.call(self.checkpoints.PutWrites, request)  # type: ignore[no-any-return]
+
+    async def load_state_with_writes(
+        self, session_id: str, checkpoint_id: str = "", namespace: str = ""
+    ) -> checkpoint_pb2.LoadStateResponse:
+        """load_state, plus the checkpoint's pending writes in `.checkpoint.pending_writes`."""
+        request = checkpoint_pb2.LoadStateRequest(
+            session_id=session_id,
+            checkpoint_id=checkpoint_id,
+            namespace=namespace,
+            include_writes=True,
+        )
+        return await self.call(self.checkpoints.LoadState, request)  # type: ignore[no-any-return]
+
+    async def copy_session(
+        self,
+        source_session_id: str,
+        target_session_id: str = "",
+        *,
+        labels: dict[str, str] | None = None,
+        checkpoint_ids: dict[str, str] | None = None,
+    ) -> checkpoint_pb2.CopySessionResponse:
+        """A new session with a copy of every checkpoint of the source (objects shared)."""
+        request = checkpoint_pb2.CopySessionRequest(
+            source_session_id=source_session_id,
+            target_session_id=target_session_id,
+            labels=labels or {},
+            checkpoint_ids=checkpoint_ids or {},
+        )
+        return await self.call(self.checkpoints.CopySession, request)  # type: ignore[no-any-return]
+
+    async def prune_checkpoints(
+        self, session_ids: Iterable[str], strategy: str = "keep_latest"
+    ) -> checkpoint_pb2.PruneCheckpointsResponse:
+        """Keep the latest checkpoint of each namespace (`keep_latest`) or delete all (`delete`)."""
+        request = checkpoint_pb2.PruneCheckpointsRequest(
+            session_ids=list(session_ids), strategy=prune_strategy(strategy)
+        )
+        return await self.call(self.checkpoints.PruneCheckpoints, request)  # type: ignore[no-any-return]
+
+    async def delete_checkpoints(
+        self,
+        metadata_filters: Iterable[dict[str, Any]],
+        *,
+        session_id: str = "",
+        namespace: str | None = None,
+    ) -> checkpoint_pb2.DeleteCheckpointsResponse:
+        """Delete checkpoints whose metadata matches any filter (all sessions when none given)."""
+        request = delete_checkpoints_request(metadata_filters, session_id, namespace)
+        return await self.call(self.checkpoints.DeleteCheckpoints, request)  # type: ignore[no-any-return]
+
+
+# -- request helpers for PutWrites, PruneCheckpoints and DeleteCheckpoints -------------
+
+_PRUNE_STRATEGIES = {
+    "keep_latest": checkpoint_pb2.PRUNE_STRATEGY_KEEP_LATEST,
+    "delete": checkpoint_pb2.PRUNE_STRATEGY_DELETE,
+}
+
+
+def prune_strategy(name: str) -> checkpoint_pb2.PruneStrategy.ValueType:
+    try:
+        return _PRUNE_STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"strategy must be one of {sorted(_PRUNE_STRATEGIES)}") from None
+
+
+def put_writes_request(
+    session_id: str,
+    checkpoint_id: str,
+    task_id: str,
+    writes: Iterable[tuple[int, str, str, bytes]],
+    task_path: str = "",
+    expected_version: int = 0,
+) -> checkpoint_pb2.PutWritesRequest:
+    return checkpoint_pb2.PutWritesRequest(
+        session_id=session_id,
+        checkpoint_id=checkpoint_id,
+        task_id=task_id,
+        task_path=task_path,
+        expected_version=expected_version,
+        writes=[
+            checkpoint_pb2.WriteValue(idx=idx, channel=channel, type=type_, value=value)
+            for idx, channel, type_, value in writes
+        ],
+    )
+
+
+def delete_checkpoints_request(
+    metadata_filters: Iterable[dict[str, Any]], session_id: str = "", namespace: str | None = None
+) -> checkpoint_pb2.DeleteCheckpointsRequest:
+    request = checkpoint_pb2.DeleteCheckpointsRequest(
+        session_id=session_id, metadata_filters=[struct(f) for f in metadata_filters]
+    )
+    if namespace is not None:
+        request.namespace = namespace
+    return request

@@ -1,0 +1,687 @@
+"""A LangGraph checkpointer that keeps every checkpoint in a stratad daemon.
+
+    from stratad.integrations.langgraph import StratadSaver
+
+    graph = builder.compile(checkpointer=StratadSaver("127.0.0.1:50051"))
+
+How LangGraph's model maps onto stratad (see docs/langgraph.md):
+
+- a thread is a session (its ID when it is a valid stratad ID, else
+  `lg-<hash>`; the thread ID is kept in the session's labels);
+- `checkpoint_ns` is the checkpoint's namespace;
+- a LangGraph checkpoint ID becomes the stratad checkpoint ID
+  `<checkpoint id>.<16 hex of hash(thread, namespace)>` (stratad IDs are unique
+  in a tenant, LangGraph's only in a thread), its parent the stratad parent;
+- the checkpoint, its metadata and its parent's ID are serialized together with
+  the saver's `serde` (LangGraph's JsonPlusSerializer by default) and saved as
+  the state's bytes, so stratad's content-defined chunking dedups what
+  successive checkpoints share; the metadata is also stored as the checkpoint's
+  metadata Struct, which `list(filter=...)` and `delete_for_runs` match on;
+- pending writes are stratad pending writes (PutWrites), keyed by
+  (task_id, idx) with LangGraph's WRITES_IDX_MAP for special channels;
+- `copy_thread` is CopySession (no state data is copied), `prune` is
+  PruneCheckpoints, `delete_for_runs` is DeleteCheckpoints on `run_id`.
+
+Both the blocking methods (a `stratad.Client`) and the async ones (an
+`AsyncClient` per event loop) talk to the daemon directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import re
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from stratad.api.v1 import checkpoint_pb2
+from stratad.errors import AlreadyExistsError, NotFoundError
+from stratad.sdk.client import (
+    DEFAULT_ADDRESS,
+    AsyncClient,
+    Client,
+    delete_checkpoints_request,
+    prune_strategy,
+    put_writes_request,
+    save_request,
+    struct,
+)
+
+__all__ = ["StratadSaver"]
+
+CONTENT_TYPE_PREFIX = "application/vnd.langgraph.checkpoint+"
+#: Session labels of the sessions this saver creates.
+INTEGRATION_LABEL = "stratad.integration"
+THREAD_LABEL = "langgraph.thread_id"
+#: Metadata filters per DeleteCheckpoints call.
+_FILTERS_PER_CALL = 1000
+_PAGE = 100
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+_REVERSIBLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,110}")
+_SUFFIX = re.compile(r"(.+)\.[0-9a-f]{16}")
+
+
+def session_id_of(thread_id: str, prefix: str = "") -> str:
+    """The stratad session of a LangGraph thread."""
+    candidate = f"{prefix}{thread_id}"
+    if _ID.fullmatch(candidate):
+        return candidate
+    return f"{prefix}lg-{hashlib.blake2b(thread_id.encode(), digest_size=16).hexdigest()}"
+
+
+def stratad_checkpoint_id(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> str:
+    """The stratad checkpoint ID of a LangGraph checkpoint (unique in the tenant)."""
+    scope = hashlib.blake2b(f"{thread_id}\0{checkpoint_ns}".encode(), digest_size=8).hexdigest()
+    if _REVERSIBLE.fullmatch(checkpoint_id):
+        return f"{checkpoint_id}.{scope}"
+    whole = f"{thread_id}\0{checkpoint_ns}\0{checkpoint_id}".encode()
+    return f"lgx-{hashlib.blake2b(whole, digest_size=16).hexdigest()}"
+
+
+def langgraph_checkpoint_id(stratad_id: str) -> str | None:
+    """The LangGraph checkpoint ID inside a stratad one (None: only its state has it)."""
+    match = _SUFFIX.fullmatch(stratad_id)
+    return match.group(1) if match else None
+
+
+def _json_safe(value: Any) -> Any:
+    """Metadata as JSON values (for the Struct the daemon filters on)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _thread_of(config: RunnableConfig) -> tuple[str, str]:
+    configurable = config["configurable"]
+    return str(configurable["thread_id"]), str(configurable.get("checkpoint_ns") or "")
+
+
+class StratadSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer over a stratad daemon (see the module docstring).
+
+    Args:
+        address: the daemon's gRPC address (ignored when clients are given).
+        tenant: the tenant to act in (authentication off); "" = the default.
+        serde: LangGraph serializer (default: JsonPlusSerializer).
+        client / async_client: existing SDK clients to use instead.
+        session_prefix: prepended to thread IDs to form session IDs.
+        timeout: deadline of each call, in seconds.
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        tenant: str = "",
+        serde: SerializerProtocol | None = None,
+        client: Client | None = None,
+        async_client: AsyncClient | None = None,
+        session_prefix: str = "",
+        timeout: float = 30.0,
+    ) -> None:
+        super().__init__(serde=serde)
+        self.address = address
+        self.tenant = tenant
+        self.timeout = timeout
+        self.session_prefix = session_prefix
+        self._client = client
+        self._own_client = client is None
+        self._async_client = async_client
+        self._own_async = async_client is None
+        self._async_loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    # -- clients -----------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        with self._lock:
+            if self._client is None:
+                self._client = Client(self.address, tenant=self.tenant, timeout=self.timeout)
+            return self._client
+
+    def _aclient(self) -> AsyncClient:
+        if not self._own_async:
+            assert self._async_client is not None
+            return self._async_client
+        loop = asyncio.get_running_loop()
+        if self._async_client is None or self._async_loop is not loop:
+            # grpc.aio channels belong to the loop that first used them.
+            self._async_client = AsyncClient(self.address, tenant=self.tenant, timeout=self.timeout)
+            self._async_loop = loop
+        return self._async_client
+
+    def close(self) -> None:
+        """Close the clients this saver created (not ones it was given)."""
+        if self._own_client and self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def aclose(self) -> None:
+        self.close()
+        if self._own_async and self._async_client is not None:
+            await self._async_client.close()
+            self._async_client = None
+
+    def __enter__(self) -> StratadSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> StratadSaver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- mapping ---------------------------------------------------------------------------
+
+    def _session(self, thread_id: str) -> str:
+        return session_id_of(thread_id, self.session_prefix)
+
+    def _labels(self, thread_id: str) -> dict[str, str]:
+        return {INTEGRATION_LABEL: "langgraph", THREAD_LABEL: thread_id}
+
+    def _save_request(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+    ) -> tuple[checkpoint_pb2.SaveStateRequest, RunnableConfig]:
+        thread_id, ns = _thread_of(config)
+        parent = get_checkpoint_id(config)
+        full = dict(get_checkpoint_metadata(config, metadata))
+        full.pop("writes", None)
+        type_, data = self.serde.dumps_typed(
+            {"checkpoint": checkpoint, "metadata": full, "parent_checkpoint_id": parent}
+        )
+        request = save_request(
+            self._session(thread_id),
+            data,
+            content_type=CONTENT_TYPE_PREFIX + type_,
+            metadata=_json_safe(full),
+            checkpoint_id=stratad_checkpoint_id(thread_id, ns, checkpoint["id"]),
+            parent_checkpoint_id=stratad_checkpoint_id(thread_id, ns, parent) if parent else "",
+            namespace=ns,
+        )
+        request.no_parent = not parent
+        stored: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+        return request, stored
+
+    def _load_request(self, config: RunnableConfig) -> checkpoint_pb2.LoadStateRequest:
+        thread_id, ns = _thread_of(config)
+        checkpoint_id = get_checkpoint_id(config)
+        return checkpoint_pb2.LoadStateRequest(
+            session_id=self._session(thread_id),
+            checkpoint_id=stratad_checkpoint_id(thread_id, ns, checkpoint_id)
+            if checkpoint_id
+            else "",
+            namespace=ns,
+            include_writes=True,
+        )
+
+    def _tuple(self, thread_id: str, loaded: checkpoint_pb2.LoadStateResponse) -> CheckpointTuple:
+        meta = loaded.checkpoint
+        content_type = meta.content_type or loaded.content_type
+        if not content_type.startswith(CONTENT_TYPE_PREFIX):
+            raise ValueError(
+                f"checkpoint {meta.checkpoint_id!r} was not saved by StratadSaver "
+                f"(content type {content_type!r})"
+            )
+        payload = self.serde.loads_typed((content_type[len(CONTENT_TYPE_PREFIX) :], loaded.data))
+        checkpoint: Checkpoint = payload["checkpoint"]
+        parent = payload.get("parent_checkpoint_id")
+        ns = meta.namespace
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": checkpoint["id"],
+                }
+            },
+            checkpoint=checkpoint,
+            metadata=payload["metadata"],
+            parent_config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": parent,
+                }
+            }
+            if parent
+            else None,
+            pending_writes=[
+                (w.task_id, w.channel, self.serde.loads_typed((w.type, w.value)))
+                for w in meta.pending_writes
+            ],
+        )
+
+    def _writes_request(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> checkpoint_pb2.PutWritesRequest:
+        thread_id, ns = _thread_of(config)
+        checkpoint_id = config["configurable"]["checkpoint_id"]
+        items = []
+        for idx, (channel, value) in enumerate(writes):
+            type_, data = self.serde.dumps_typed(value)
+            items.append((WRITES_IDX_MAP.get(channel, idx), channel, type_, data))
+        return put_writes_request(
+            self._session(thread_id),
+            stratad_checkpoint_id(thread_id, ns, checkpoint_id),
+            task_id,
+            items,
+            task_path,
+        )
+
+    def _list_request(
+        self,
+        session_id: str,
+        thread_id: str,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        page_size: int,
+    ) -> checkpoint_pb2.ListCheckpointsRequest:
+        configurable = config["configurable"] if config else {}
+        request = checkpoint_pb2.ListCheckpointsRequest(
+            session_id=session_id,
+            page_size=page_size,
+            metadata_filter=struct(_json_safe(filter) if filter else None),
+        )
+        ns = configurable.get("checkpoint_ns")
+        if ns is not None:
+            request.namespace = ns
+        before_id = get_checkpoint_id(before) if before else None
+        if before and before_id:
+            before_ns = before["configurable"].get("checkpoint_ns", ns or "")
+            request.before = stratad_checkpoint_id(thread_id, before_ns or "", before_id)
+        return request
+
+    @staticmethod
+    def _wanted(
+        meta: checkpoint_pb2.Checkpoint,
+        config: RunnableConfig | None,
+        before_id: str | None,
+    ) -> bool:
+        """Client-side filters: an exact checkpoint_id, and `before` when the daemon lacks it."""
+        lg_id = langgraph_checkpoint_id(meta.checkpoint_id)
+        wanted_id = get_checkpoint_id(config) if config else None
+        if wanted_id and lg_id is not None and lg_id != wanted_id:
+            return False
+        return not (before_id and lg_id is not None and lg_id >= before_id)
+
+    # -- sync API ----------------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id, _ = _thread_of(config)
+        try:
+            loaded = self.client.call(self.client.checkpoints.LoadState, self._load_request(config))
+        except NotFoundError:
+            return None
+        return self._tuple(thread_id, loaded)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        remaining = limit if limit is not None else -1
+        for thread_id, session_id in self._threads(config):
+            for meta in self._metas(session_id, thread_id, config, filter, before, remaining):
+                if remaining == 0:
+                    return
+                request = checkpoint_pb2.LoadStateRequest(
+                    session_id=session_id, checkpoint_id=meta.checkpoint_id, include_writes=True
+                )
+                try:
+                    loaded = self.client.call(self.client.checkpoints.LoadState, request)
+                except NotFoundError:
+                    continue  # deleted while listing
+                yield self._tuple(thread_id, loaded)
+                remaining -= 1
+            if remaining == 0:
+                return
+
+    def _threads(self, config: RunnableConfig | None) -> Iterator[tuple[str, str]]:
+        if config is not None:
+            thread_id, _ = _thread_of(config)
+            yield thread_id, self._session(thread_id)
+            return
+        for session in self.client.list_sessions(prefix=self.session_prefix):
+            if session.labels.get(INTEGRATION_LABEL) == "langgraph":
+                yield session.labels[THREAD_LABEL], session.session_id
+
+    def _metas(
+        self,
+        session_id: str,
+        thread_id: str,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int,
+    ) -> Iterator[checkpoint_pb2.Checkpoint]:
+        page_size = min(limit, 1000) if limit > 0 else _PAGE
+        request = self._list_request(session_id, thread_id, config, filter, before, page_size)
+        before_id = None
+        while True:
+            try:
+                page = self.client.call(self.client.checkpoints.ListCheckpoints, request)
+            except NotFoundError as exc:
+                if request.before and request.before in exc.message:
+                    # `before` names a checkpoint that is gone: compare IDs instead.
+                    before_id = get_checkpoint_id(before) if before else None
+                    request.before = ""
+                    continue
+                return  # no such thread
+            for meta in page.checkpoints:
+                if self._wanted(meta, config, before_id):
+                    yield meta
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        request, stored = self._save_request(config, checkpoint, metadata)
+        thread_id, _ = _thread_of(config)
+        for _ in range(3):
+            try:
+                self.client.save(request)
+                return stored
+            except NotFoundError as exc:
+                self._on_save_not_found(exc, request, thread_id)
+        self.client.save(request)
+        return stored
+
+    def _on_save_not_found(
+        self, exc: NotFoundError, request: checkpoint_pb2.SaveStateRequest, thread_id: str
+    ) -> None:
+        if f"session {request.session_id!r} not found" in exc.message:
+            with contextlib.suppress(AlreadyExistsError):
+                self.client.create_session(request.session_id, labels=self._labels(thread_id))
+        elif _parent_gone(exc, request):
+            _drop_parent(request)
+        else:
+            raise exc
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        if not writes:
+            return
+        request = self._writes_request(config, writes, task_id, task_path)
+        self.client.call(self.client.checkpoints.PutWrites, request)
+
+    def delete_thread(self, thread_id: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            self.client.delete_session(self._session(str(thread_id)))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        for request in _delete_requests(run_ids):
+            self.client.call(self.client.checkpoints.DeleteCheckpoints, request)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        source = self._session(str(source_thread_id))
+        try:
+            metas = list(self.client.list_checkpoints(source, page_size=1000))
+        except NotFoundError:
+            return  # nothing to copy
+        mapping = {}
+        for meta in metas:
+            lg_id = langgraph_checkpoint_id(meta.checkpoint_id)
+            if lg_id is None:  # an ID only its state knows
+                loaded = self.client.load_state(source, checkpoint_id=meta.checkpoint_id)
+                lg_id = self._tuple(str(source_thread_id), loaded).checkpoint["id"]
+            mapping[meta.checkpoint_id] = stratad_checkpoint_id(
+                str(target_thread_id), meta.namespace, lg_id
+            )
+        try:
+            self.client.copy_session(
+                source,
+                self._session(str(target_thread_id)),
+                labels=self._labels(str(target_thread_id)),
+                checkpoint_ids=mapping,
+            )
+        except NotFoundError:
+            return  # the source went away meanwhile
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        sessions = [self._session(str(t)) for t in thread_ids]
+        value = prune_strategy(strategy)
+        for start in range(0, len(sessions), 1000):
+            request = checkpoint_pb2.PruneCheckpointsRequest(
+                session_ids=sessions[start : start + 1000], strategy=value
+            )
+            self.client.call(self.client.checkpoints.PruneCheckpoints, request)
+
+    # -- async API -----------------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id, _ = _thread_of(config)
+        client = self._aclient()
+        try:
+            loaded = await client.call(client.checkpoints.LoadState, self._load_request(config))
+        except NotFoundError:
+            return None
+        return self._tuple(thread_id, loaded)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        client = self._aclient()
+        remaining = limit if limit is not None else -1
+        async for thread_id, session_id in self._athreads(config):
+            async for meta in self._ametas(
+                session_id, thread_id, config, filter, before, remaining
+            ):
+                if remaining == 0:
+                    return
+                request = checkpoint_pb2.LoadStateRequest(
+                    session_id=session_id, checkpoint_id=meta.checkpoint_id, include_writes=True
+                )
+                try:
+                    loaded = await client.call(client.checkpoints.LoadState, request)
+                except NotFoundError:
+                    continue
+                yield self._tuple(thread_id, loaded)
+                remaining -= 1
+            if remaining == 0:
+                return
+
+    async def _athreads(self, config: RunnableConfig | None) -> AsyncIterator[tuple[str, str]]:
+        if config is not None:
+            thread_id, _ = _thread_of(config)
+            yield thread_id, self._session(thread_id)
+            return
+        async for session in self._aclient().list_sessions(prefix=self.session_prefix):
+            if session.labels.get(INTEGRATION_LABEL) == "langgraph":
+                yield session.labels[THREAD_LABEL], session.session_id
+
+    async def _ametas(
+        self,
+        session_id: str,
+        thread_id: str,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int,
+    ) -> AsyncIterator[checkpoint_pb2.Checkpoint]:
+        client = self._aclient()
+        page_size = min(limit, 1000) if limit > 0 else _PAGE
+        request = self._list_request(session_id, thread_id, config, filter, before, page_size)
+        before_id = None
+        while True:
+            try:
+                page = await client.call(client.checkpoints.ListCheckpoints, request)
+            except NotFoundError as exc:
+                if request.before and request.before in exc.message:
+                    before_id = get_checkpoint_id(before) if before else None
+                    request.before = ""
+                    continue
+                return
+            for meta in page.checkpoints:
+                if self._wanted(meta, config, before_id):
+                    yield meta
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        request, stored = self._save_request(config, checkpoint, metadata)
+        thread_id, _ = _thread_of(config)
+        client = self._aclient()
+        for _ in range(3):
+            try:
+                await client.save(request)
+                return stored
+            except NotFoundError as exc:
+                if f"session {request.session_id!r} not found" in exc.message:
+                    with contextlib.suppress(AlreadyExistsError):
+                        await client.create_session(
+                            request.session_id, labels=self._labels(thread_id)
+                        )
+                elif _parent_gone(exc, request):
+                    _drop_parent(request)
+                else:
+                    raise
+        await client.save(request)
+        return stored
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        if not writes:
+            return
+        client = self._aclient()
+        request = self._writes_request(config, writes, task_id, task_path)
+        await client.call(client.checkpoints.PutWrites, request)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self._aclient().delete_session(self._session(str(thread_id)))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        client = self._aclient()
+        for request in _delete_requests(run_ids):
+            await client.call(client.checkpoints.DeleteCheckpoints, request)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        client = self._aclient()
+        source = self._session(str(source_thread_id))
+        try:
+            metas = [m async for m in client.list_checkpoints(source, page_size=1000)]
+        except NotFoundError:
+            return
+        mapping = {}
+        for meta in metas:
+            lg_id = langgraph_checkpoint_id(meta.checkpoint_id)
+            if lg_id is None:
+                loaded = await client.load_state(source, checkpoint_id=meta.checkpoint_id)
+                lg_id = self._tuple(str(source_thread_id), loaded).checkpoint["id"]
+            mapping[meta.checkpoint_id] = stratad_checkpoint_id(
+                str(target_thread_id), meta.namespace, lg_id
+            )
+        try:
+            await client.copy_session(
+                source,
+                self._session(str(target_thread_id)),
+                labels=self._labels(str(target_thread_id)),
+                checkpoint_ids=mapping,
+            )
+        except NotFoundError:
+            return
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        client = self._aclient()
+        sessions = [self._session(str(t)) for t in thread_ids]
+        value = prune_strategy(strategy)
+        for start in range(0, len(sessions), 1000):
+            request = checkpoint_pb2.PruneCheckpointsRequest(
+                session_ids=sessions[start : start + 1000], strategy=value
+            )
+            await client.call(client.checkpoints.PruneCheckpoints, request)
+
+    # -- versions --------------------------------------------------------------------------------
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Monotonic string versions, as InMemorySaver and the SQL savers use."""
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(current.split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+
+def _parent_gone(exc: NotFoundError, request: checkpoint_pb2.SaveStateRequest) -> bool:
+    parent = request.parent_checkpoint_id
+    return bool(parent) and f"parent checkpoint {parent!r} not found" in exc.message
+
+
+def _drop_parent(request: checkpoint_pb2.SaveStateRequest) -> None:
+    """The parent was deleted (its ID stays in the saved state): save as a new line."""
+    request.parent_checkpoint_id = ""
+    request.no_parent = True
+
+
+def _delete_requests(run_ids: Sequence[str]) -> Iterator[checkpoint_pb2.DeleteCheckpointsRequest]:
+    ids = [str(r) for r in run_ids]
+    for start in range(0, len(ids), _FILTERS_PER_CALL):
+        chunk = ids[start : start + _FILTERS_PER_CALL]
+        yield delete_checkpoints_request([{"run_id": r} for r in chunk])
