@@ -6,8 +6,9 @@
 //! (token -> entries holding it): a query only touches entries that share at
 //! least one token with it, never the whole library.
 
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::{Mutex, PoisonError};
 
 use crate::error::{Error, Result};
 
@@ -323,42 +324,12 @@ pub struct CrystalStats {
     pub effectiveness_sum: f64,
 }
 
-/// One indexed crystal.
-#[derive(Debug, Clone)]
-struct CrystalEntry {
-    order: u64,
-    effectiveness: f64,
-    reuse_count: u64,
-    /// `tokens[..goal_len]` are goal token ids, the rest tool ids; both sorted.
-    goal_len: u32,
-    tokens: Box<[u32]>,
-}
-
-impl CrystalEntry {
-    fn goal(&self) -> &[u32] {
-        &self.tokens[..self.goal_len as usize]
-    }
-
-    fn tools(&self) -> &[u32] {
-        &self.tokens[self.goal_len as usize..]
-    }
-
-    fn evict_key(&self, slot: u32) -> EvictKey {
-        EvictKey {
-            // Effectiveness is in [0, 1] (and never -0.0): its bits order as
-            // the numbers do.
-            effectiveness: self.effectiveness.to_bits(),
-            reuse_count: self.reuse_count,
-            order: self.order,
-            slot,
-        }
-    }
-}
-
 /// Eviction order: least effective first, then fewest reuses, then lowest
 /// order (oldest), then slot. Unique per entry (it holds the slot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct EvictKey {
+    /// The bits of the effectiveness: it is in [0, 1] and never -0.0, so its
+    /// bits order as the numbers do.
     effectiveness: u64,
     reuse_count: u64,
     order: u64,
@@ -408,25 +379,13 @@ impl Eviction {
     }
 }
 
-/// Marks slots seen during one query.
-struct SeenSlots(Vec<u64>);
-
-impl SeenSlots {
-    fn new(slots: usize) -> Self {
-        Self(vec![0; slots.div_ceil(64)])
-    }
-
-    /// Marks `slot`; returns whether it was not marked before.
-    fn insert(&mut self, slot: u32) -> bool {
-        let (word, bit) = (slot as usize / 64, 1u64 << (slot % 64));
-        match self.0.get_mut(word) {
-            Some(w) if *w & bit == 0 => {
-                *w |= bit;
-                true
-            }
-            _ => false,
-        }
-    }
+/// One occurrence of a goal token: the slot holding it, and the slot's
+/// generation when it was added (a slot's generation changes when its entry
+/// is removed, which makes its old postings stale).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Posting {
+    slot: u32,
+    generation: u32,
 }
 
 /// `|a ∩ b|` of two sorted, duplicate-free slices.
@@ -497,42 +456,154 @@ impl Ord for Ranked {
     }
 }
 
+/// Keeps `candidate` in `best` if it is among the `k` best so far.
+fn push_best(best: &mut BinaryHeap<Ranked>, k: usize, candidate: Ranked) {
+    if best.len() < k {
+        best.push(candidate);
+    } else if best.peek().is_some_and(|worst| candidate < *worst) {
+        best.pop();
+        best.push(candidate);
+    }
+}
+
+/// The bit of goal token `id` in an entry's 64-bit signature (a one-hash
+/// Bloom filter of its goal tokens).
+fn signature_bit(id: u32) -> u64 {
+    1u64 << (id.wrapping_mul(0x9E37_79B1) >> 26)
+}
+
+/// Default of [`CrystalIndex::set_skip_threshold`].
+pub const DEFAULT_SKIP_MIN_POSTINGS: usize = 2048;
+
+/// Shared-token counts of one search: `counts[slot]`, and the slots with a
+/// non-zero count. Buffers are pooled so that a search on a large index does
+/// not allocate (and fault in) a counter per slot every time.
+#[derive(Debug, Default)]
+struct Counts {
+    counts: Vec<u32>,
+    touched: Vec<u32>,
+    /// Slots whose count reached `min_count` (each once); with `min_count`
+    /// 1, `touched` is used instead.
+    reached: Vec<u32>,
+    min_count: u32,
+}
+
+impl Counts {
+    /// The slots whose count reached `min_count`.
+    fn candidates(&self) -> &[u32] {
+        if self.min_count <= 1 {
+            &self.touched
+        } else {
+            &self.reached
+        }
+    }
+}
+
+/// How many count buffers an index keeps for reuse (about one per
+/// concurrent search).
+const POOLED_COUNTS: usize = 4;
+
+/// What searches read of a slot, packed in one 32-byte record so that a
+/// candidate costs one cache line, not one per field.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    /// One bit per goal token ([`signature_bit`]).
+    signature: u64,
+    effectiveness: f64,
+    order: u64,
+    goal_len: u32,
+    /// Changes when the slot's entry is removed, which makes its postings stale.
+    generation: u32,
+}
+
 /// The library of crystals of one tenant, as the daemon searches it.
 ///
 /// Each entry (a *slot*, allocated by [`CrystalIndex::add`] and reused after
 /// [`CrystalIndex::remove`]) holds the token ids of its goal template and of
 /// its tool names, its effectiveness, reuse count and an `order` (the
 /// caller's creation sequence number, used to break ties). Goal tokens have
-/// an inverted index (token -> slots), so:
+/// an inverted index (token -> postings), so searches count shared tokens
+/// by reading posting lists, never visiting entries that share nothing:
 ///
 /// - [`top_k`](CrystalIndex::top_k) ranks by Jaccard similarity boosted by
-///   effectiveness ([`effectiveness_boost`]) exactly, reading the posting
-///   lists from the rarest token up and stopping as soon as no entry that was
-///   not met yet can reach the k-th best score: an entry met first in the
-///   list of the `i`-th rarest of `n` known query tokens shares at most
-///   `n - i` tokens with a query of `|A|` tokens, so its score is at most
-///   `(n - i) / |A|`;
-/// - [`find_similar`](CrystalIndex::find_similar) (the novelty check) reads
-///   only the lists that can hold a similar enough entry (prefix filtering:
-///   `J > t` needs more than `t * |A|` shared tokens, and any entry sharing
-///   `o` of the `n` known tokens appears in one of the `n - o + 1` rarest
-///   lists);
+///   effectiveness ([`effectiveness_boost`]), exactly. The longest posting
+///   lists (at most half of the query's tokens) are skipped at first: each
+///   entry found in the other lists gets an upper bound (its count so far,
+///   plus the skipped tokens its 64-bit signature may hold), the entries
+///   with the best bounds are scored exactly, and the rest only when their
+///   bound reaches the k-th best score. An entry only in skipped lists
+///   shares at most `L` of the `|A|` query tokens, so scores at most
+///   `L / |A|`; unless that is below the k-th best score, the skipped lists
+///   are counted after all and candidates are scored in decreasing order of
+///   shared tokens (stopping once `shared / |A|` is below the k-th best).
+/// - [`find_similar`](CrystalIndex::find_similar) (the novelty check) skips
+///   the longest lists as long as their number `L` keeps `L / |A|` at or
+///   below the threshold (prefix filtering), and checks the entries found in
+///   the other lists against their signature, then exactly.
 /// - [`least_effective`](CrystalIndex::least_effective) finds the entry to
 ///   evict in amortized O(n / 1024).
 ///
-/// Removal leaves stale slots in posting lists (queries check every
-/// candidate against its entry's own tokens); a list is cleaned when more
-/// than half of it is stale.
-#[derive(Debug, Clone, Default)]
+/// Removing an entry bumps its slot's generation, which makes its postings
+/// stale (skipped by searches); a list is cleaned when more than half of it
+/// is stale.
+#[derive(Debug)]
 pub struct CrystalIndex {
     goal_vocabulary: HashMap<Box<str>, u32>,
-    postings: Vec<Vec<u32>>,
+    postings: Vec<Vec<Posting>>,
     stale: Vec<u32>,
     tool_vocabulary: HashMap<Box<str>, u32>,
-    slots: Vec<Option<CrystalEntry>>,
+    slots: Vec<Slot>,
+    reuse_count: Vec<u64>,
+    /// Goal token ids then tool ids (each part sorted); `None` for a free slot.
+    tokens: Vec<Option<Box<[u32]>>>,
     free_slots: Vec<u32>,
     len: usize,
     eviction: Eviction,
+    pool: Mutex<Vec<Counts>>,
+    skip_min_postings: usize,
+    /// At least the effectiveness of every entry (it never decreases), so
+    /// `effectiveness_boost(max_effectiveness)` bounds every boost.
+    max_effectiveness: f64,
+}
+
+impl Default for CrystalIndex {
+    fn default() -> Self {
+        Self {
+            goal_vocabulary: HashMap::new(),
+            postings: Vec::new(),
+            stale: Vec::new(),
+            tool_vocabulary: HashMap::new(),
+            slots: Vec::new(),
+            reuse_count: Vec::new(),
+            tokens: Vec::new(),
+            free_slots: Vec::new(),
+            len: 0,
+            eviction: Eviction::default(),
+            pool: Mutex::default(),
+            skip_min_postings: DEFAULT_SKIP_MIN_POSTINGS,
+            max_effectiveness: 0.0,
+        }
+    }
+}
+
+impl Clone for CrystalIndex {
+    fn clone(&self) -> Self {
+        Self {
+            goal_vocabulary: self.goal_vocabulary.clone(),
+            postings: self.postings.clone(),
+            stale: self.stale.clone(),
+            tool_vocabulary: self.tool_vocabulary.clone(),
+            slots: self.slots.clone(),
+            reuse_count: self.reuse_count.clone(),
+            tokens: self.tokens.clone(),
+            free_slots: self.free_slots.clone(),
+            len: self.len,
+            eviction: self.eviction.clone(),
+            pool: Mutex::default(),
+            skip_min_postings: self.skip_min_postings,
+            max_effectiveness: self.max_effectiveness,
+        }
+    }
 }
 
 fn intern(vocabulary: &mut HashMap<Box<str>, u32>, token: &str) -> Result<u32> {
@@ -593,17 +664,34 @@ impl CrystalIndex {
         self.len == 0
     }
 
+    /// Posting lists at least this long may be skipped by searches (default
+    /// [`DEFAULT_SKIP_MIN_POSTINGS`]; results are the same either way, only
+    /// the work differs). For tests and tuning.
+    pub fn set_skip_threshold(&mut self, postings: usize) {
+        self.skip_min_postings = postings.max(1);
+    }
+
     /// Whether `slot` holds an entry.
     pub fn contains(&self, slot: u32) -> bool {
-        self.entry(slot).is_some()
+        self.entry_tokens(slot).is_some()
     }
 
-    fn entry(&self, slot: u32) -> Option<&CrystalEntry> {
-        self.slots.get(slot as usize)?.as_ref()
+    fn entry_tokens(&self, slot: u32) -> Option<&[u32]> {
+        self.tokens.get(slot as usize)?.as_deref()
     }
 
-    /// Adds a crystal; returns its slot (the lowest-cost free one: the most
-    /// recently freed, else a new one at the end).
+    fn evict_key(&self, slot: u32) -> EvictKey {
+        let at = slot as usize;
+        EvictKey {
+            effectiveness: self.slots[at].effectiveness.to_bits(),
+            reuse_count: self.reuse_count[at],
+            order: self.slots[at].order,
+            slot,
+        }
+    }
+
+    /// Adds a crystal; returns its slot (the most recently freed one, else a
+    /// new one at the end).
     pub fn add<S: AsRef<str>, T: AsRef<str>>(
         &mut self,
         order: u64,
@@ -627,32 +715,40 @@ impl CrystalIndex {
         tool_ids.dedup();
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
-            None => u32::try_from(self.slots.len())
-                .ok()
-                .filter(|&s| s < u32::MAX)
-                .ok_or_else(|| Error::InvalidInput("the index is full".into()))?,
+            None => {
+                let slot = u32::try_from(self.tokens.len())
+                    .ok()
+                    .filter(|&s| s < u32::MAX)
+                    .ok_or_else(|| Error::InvalidInput("the index is full".into()))?;
+                self.slots.push(Slot::default());
+                self.reuse_count.push(0);
+                self.tokens.push(None);
+                slot
+            }
         };
-        if slot as usize == self.slots.len() {
-            self.slots.push(None);
-        }
         self.postings
             .resize_with(self.goal_vocabulary.len(), Vec::new);
         self.stale.resize(self.goal_vocabulary.len(), 0);
-        for &id in &goal {
-            self.postings[id as usize].push(slot);
-        }
-        let goal_len = goal.len() as u32;
-        goal.extend_from_slice(&tool_ids);
-        let entry = CrystalEntry {
-            order,
-            effectiveness,
-            reuse_count,
-            goal_len,
-            tokens: goal.into_boxed_slice(),
+        let at = slot as usize;
+        let record = &mut self.slots[at];
+        let posting = Posting {
+            slot,
+            generation: record.generation,
         };
-        self.eviction.offer(entry.evict_key(slot));
-        self.slots[slot as usize] = Some(entry);
+        for &id in &goal {
+            self.postings[id as usize].push(posting);
+        }
+        record.order = order;
+        record.effectiveness = effectiveness;
+        self.max_effectiveness = self.max_effectiveness.max(effectiveness);
+        record.goal_len = goal.len() as u32;
+        record.signature = goal.iter().fold(0, |bits, &id| bits | signature_bit(id));
+        self.reuse_count[at] = reuse_count;
+        goal.extend_from_slice(&tool_ids);
+        self.tokens[at] = Some(goal.into_boxed_slice());
         self.len += 1;
+        let key = self.evict_key(slot);
+        self.eviction.offer(key);
         Ok(slot)
     }
 
@@ -660,26 +756,34 @@ impl CrystalIndex {
     /// holds an entry.
     pub fn update(&mut self, slot: u32, effectiveness: f64, reuse_count: u64) -> Result<bool> {
         let effectiveness = check_effectiveness(effectiveness)?;
-        let Some(Some(entry)) = self.slots.get_mut(slot as usize) else {
+        if !self.contains(slot) {
             return Ok(false);
-        };
-        entry.effectiveness = effectiveness;
-        entry.reuse_count = reuse_count;
-        let key = entry.evict_key(slot);
+        }
+        self.slots[slot as usize].effectiveness = effectiveness;
+        self.reuse_count[slot as usize] = reuse_count;
+        self.max_effectiveness = self.max_effectiveness.max(effectiveness);
+        let key = self.evict_key(slot);
         self.eviction.offer(key);
         Ok(true)
     }
 
     /// Removes the entry of `slot`; returns whether there was one.
     pub fn remove(&mut self, slot: u32) -> bool {
-        let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+        let at = slot as usize;
+        let Some(tokens) = self.tokens.get_mut(at).and_then(Option::take) else {
             return false;
         };
-        for &id in entry.goal() {
+        let record = &mut self.slots[at];
+        record.generation = record.generation.wrapping_add(1);
+        for &id in &tokens[..record.goal_len as usize] {
             let id = id as usize;
             self.stale[id] += 1;
             if 2 * self.stale[id] as usize > self.postings[id].len() {
-                self.clean_posting(id);
+                let slots = &self.slots;
+                let posting = &mut self.postings[id];
+                posting.retain(|p| slots[p.slot as usize].generation == p.generation);
+                posting.shrink_to_fit();
+                self.stale[id] = 0;
             }
         }
         self.free_slots.push(slot);
@@ -687,68 +791,147 @@ impl CrystalIndex {
         true
     }
 
-    /// Drops stale and repeated slots from the posting list of token `id`.
-    fn clean_posting(&mut self, id: usize) {
-        let mut posting = std::mem::take(&mut self.postings[id]);
-        posting.sort_unstable();
-        posting.dedup();
-        posting.retain(|&slot| {
-            self.entry(slot)
-                .is_some_and(|e| e.goal().binary_search(&(id as u32)).is_ok())
-        });
-        posting.shrink_to_fit();
-        self.postings[id] = posting;
-        self.stale[id] = 0;
+    /// A cleared count buffer (from the pool when there is one) that will
+    /// list the slots whose count reaches `min_count`.
+    fn take_counts(&self, min_count: u32) -> Counts {
+        let mut counts = self
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default();
+        counts.counts.resize(self.tokens.len(), 0);
+        counts.min_count = min_count;
+        counts
+    }
+
+    /// Adds to `counts`, for every entry, how many of the goal tokens `ids`
+    /// it holds.
+    fn count_lists(&self, counts: &mut Counts, ids: &[u32]) {
+        let Counts {
+            counts,
+            touched,
+            reached,
+            min_count,
+        } = counts;
+        for &id in ids {
+            let postings = &self.postings[id as usize];
+            // Most lists hold no stale posting: skip the generation checks.
+            let check = self.stale[id as usize] > 0;
+            for p in postings {
+                let slot = p.slot as usize;
+                if check && self.slots[slot].generation != p.generation {
+                    continue;
+                }
+                let count = &mut counts[slot];
+                *count += 1;
+                if *count == 1 {
+                    touched.push(p.slot);
+                }
+                if *count == *min_count && *min_count > 1 {
+                    reached.push(p.slot);
+                }
+            }
+        }
+    }
+
+    /// Clears `counts` and keeps it for the next search.
+    fn recycle(&self, mut counts: Counts) {
+        if counts.touched.len() > counts.counts.len() / 16 {
+            counts.counts.fill(0);
+        } else {
+            for &slot in &counts.touched {
+                counts.counts[slot as usize] = 0;
+            }
+        }
+        counts.touched.clear();
+        counts.reached.clear();
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        if pool.len() < POOLED_COUNTS {
+            pool.push(counts);
+        }
+    }
+
+    /// Splits the query's token ids into the lists to count and at most
+    /// `max_skip` of the longest lists to skip (those with at least
+    /// `skip_min_postings` postings; at least one list is always counted).
+    /// The skipped ids come back sorted.
+    fn split(&self, ids: &[u32], max_skip: usize) -> (Vec<u32>, Vec<u32>) {
+        let mut by_length = ids.to_vec();
+        by_length.sort_by_key(|&id| self.postings[id as usize].len());
+        let mut skip = 0;
+        while skip < max_skip
+            && skip + 1 < by_length.len()
+            && self.postings[by_length[by_length.len() - 1 - skip] as usize].len()
+                >= self.skip_min_postings
+        {
+            skip += 1;
+        }
+        let mut skipped = by_length.split_off(by_length.len() - skip);
+        skipped.sort_unstable();
+        (by_length, skipped)
+    }
+
+    /// Goal tokens of `slot` among the (sorted) `ids`: exact, from the entry.
+    fn shared_with(&self, slot: u32, ids: &[u32]) -> usize {
+        let goal_len = self.slots[slot as usize].goal_len as usize;
+        self.entry_tokens(slot)
+            .map_or(0, |tokens| intersection_count(ids, &tokens[..goal_len]))
+    }
+
+    /// At least every entry's boost.
+    fn max_boost(&self) -> f64 {
+        effectiveness_boost(self.max_effectiveness)
+    }
+
+    fn ranked(&self, slot: u32, shared: usize, query_len: usize) -> Ranked {
+        let record = &self.slots[slot as usize];
+        let similarity = set_score(shared, query_len, record.goal_len as usize);
+        Ranked {
+            score: similarity * effectiveness_boost(record.effectiveness),
+            similarity,
+            order: record.order,
+            slot,
+        }
     }
 
     /// The `k` best entries for the goal tokens `query`: Jaccard similarity
     /// times [`effectiveness_boost`], only entries sharing at least one
-    /// token, best first (ties: lower order, then lower slot). Exact: the
-    /// early stop never drops an entry that would rank among the `k`.
+    /// token, best first (ties: lower order, then lower slot). Exact.
     pub fn top_k<S: AsRef<str>>(&self, query: &[S], k: usize) -> Vec<CrystalMatch> {
         let (ids, query_len) = lookup(&self.goal_vocabulary, query);
         if ids.is_empty() || k == 0 {
             return Vec::new();
         }
-        let mut lists: Vec<&[u32]> = ids
-            .iter()
-            .map(|&id| self.postings[id as usize].as_slice())
-            .collect();
-        lists.sort_by_key(|list| list.len());
-        let known = lists.len();
-        let mut seen = SeenSlots::new(self.slots.len());
-        let mut best: BinaryHeap<Ranked> = BinaryHeap::with_capacity(k.min(self.len) + 1);
-        for (i, list) in lists.iter().enumerate() {
-            let bound = (known - i) as f64 / query_len as f64;
-            if best.len() == k && best.peek().is_some_and(|worst| bound < worst.score) {
+        let (counted, skipped) = self.split(&ids, query_len / 2);
+        // Entries sharing one counted token are many and rarely rank: only
+        // those sharing two are looked at first (when two are counted).
+        let min_count = if !skipped.is_empty() && counted.len() >= 2 {
+            2
+        } else {
+            1
+        };
+        let mut counts = self.take_counts(min_count);
+        self.count_lists(&mut counts, &counted);
+        let mut skipped = skipped;
+        let mut found = None;
+        while !skipped.is_empty() {
+            found = self.top_k_skipping(&counts, &skipped, query_len, k);
+            if found.is_some() {
                 break;
             }
-            for &slot in list.iter() {
-                if !seen.insert(slot) {
-                    continue;
-                }
-                let Some(entry) = self.entry(slot) else {
-                    continue;
-                };
-                let shared = intersection_count(&ids, entry.goal());
-                if shared == 0 {
-                    continue;
-                }
-                let similarity = set_score(shared, query_len, entry.goal().len());
-                let candidate = Ranked {
-                    score: similarity * effectiveness_boost(entry.effectiveness),
-                    similarity,
-                    order: entry.order,
-                    slot,
-                };
-                if best.len() < k {
-                    best.push(candidate);
-                } else if best.peek().is_some_and(|worst| candidate < *worst) {
-                    best.pop();
-                    best.push(candidate);
-                }
-            }
+            // Count the shortest skipped list too: the bound on entries not
+            // looked at drops by 1 / |A|.
+            let shortest = skipped
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, &id)| self.postings[id as usize].len())
+                .map_or(0, |(at, _)| at);
+            let id = skipped.remove(shortest);
+            self.count_lists(&mut counts, &[id]);
         }
+        let best = found.unwrap_or_else(|| self.top_k_counted(&counts, ids.len(), query_len, k));
+        self.recycle(counts);
         best.into_sorted_vec()
             .into_iter()
             .map(|r| CrystalMatch {
@@ -757,6 +940,101 @@ impl CrystalIndex {
                 similarity: r.similarity,
             })
             .collect()
+    }
+
+    /// Top k from exact counts: candidates in decreasing order of shared
+    /// tokens, stopping once `shared / |A|` is below the k-th best score.
+    fn top_k_counted(
+        &self,
+        counts: &Counts,
+        most: usize,
+        query_len: usize,
+        k: usize,
+    ) -> BinaryHeap<Ranked> {
+        // Touched slots in decreasing order of shared tokens (counting sort).
+        let mut start = vec![0usize; most + 2];
+        for &slot in &counts.touched {
+            start[most - counts.counts[slot as usize] as usize + 1] += 1;
+        }
+        for level in 1..start.len() {
+            start[level] += start[level - 1];
+        }
+        let mut by_count = vec![0u32; counts.touched.len()];
+        for &slot in &counts.touched {
+            let bucket = &mut start[most - counts.counts[slot as usize] as usize];
+            by_count[*bucket] = slot;
+            *bucket += 1;
+        }
+        let mut best: BinaryHeap<Ranked> = BinaryHeap::with_capacity(k.min(self.len) + 1);
+        let mut level = usize::MAX;
+        for &slot in &by_count {
+            let shared = counts.counts[slot as usize] as usize;
+            if shared != level {
+                level = shared;
+                // Similarity is at most shared / |A| (|A ∪ B| >= |A|), and
+                // every boost at most the largest: no entry from here on can rank.
+                let bound = shared as f64 / query_len as f64 * self.max_boost();
+                if best.len() == k && best.peek().is_some_and(|worst| bound < worst.score) {
+                    break;
+                }
+            }
+            push_best(&mut best, k, self.ranked(slot, shared, query_len));
+        }
+        best
+    }
+
+    /// Top k with the `skipped` lists not counted, looking only at the
+    /// entries with at least `min_count` shared counted tokens; `None` when
+    /// other entries could still rank (then everything must be counted).
+    ///
+    /// An entry sharing `p` counted tokens shares at most `p + L` in all
+    /// (`L` skipped lists), so its similarity is at most `(p + L) / |A|`;
+    /// its signature gives a tighter bound; only entries whose bound reaches
+    /// the k-th best score are scored exactly. Entries below `min_count`
+    /// share at most `min_count - 1 + L` tokens.
+    fn top_k_skipping(
+        &self,
+        counts: &Counts,
+        skipped: &[u32],
+        query_len: usize,
+        k: usize,
+    ) -> Option<BinaryHeap<Ranked>> {
+        let bits: Vec<u64> = skipped.iter().map(|&id| signature_bit(id)).collect();
+        let skip = skipped.len();
+        let candidates = counts.candidates();
+        // Candidates in decreasing order of counted tokens.
+        let mut by_count: Vec<(u32, u32)> = candidates
+            .iter()
+            .map(|&slot| (counts.counts[slot as usize], slot))
+            .collect();
+        by_count.sort_unstable_by_key(|&(shared, _)| Reverse(shared));
+        let mut best: BinaryHeap<Ranked> = BinaryHeap::with_capacity(k.min(self.len) + 1);
+        let beaten = |best: &BinaryHeap<Ranked>, bound: f64| {
+            best.len() == k && best.peek().is_some_and(|worst| bound < worst.score)
+        };
+        let mut level = u32::MAX;
+        for &(shared, slot) in &by_count {
+            if shared != level {
+                level = shared;
+                let most = (shared as usize + skip) as f64 / query_len as f64;
+                if beaten(&best, most * self.max_boost()) {
+                    break;
+                }
+            }
+            let record = &self.slots[slot as usize];
+            let goal_len = record.goal_len as usize;
+            let maybe = bits.iter().filter(|&&b| record.signature & b != 0).count();
+            let most = (shared as usize + maybe).min(goal_len);
+            let bound =
+                set_score(most, query_len, goal_len) * effectiveness_boost(record.effectiveness);
+            if beaten(&best, bound) {
+                continue;
+            }
+            let shared = shared as usize + self.shared_with(slot, skipped);
+            push_best(&mut best, k, self.ranked(slot, shared, query_len));
+        }
+        let below = (counts.min_count.max(1) as usize - 1 + skip) as f64 / query_len as f64;
+        beaten(&best, below * self.max_boost()).then_some(best)
     }
 
     /// The most similar entry whose goal-token Jaccard is above
@@ -774,65 +1052,86 @@ impl CrystalIndex {
         check_threshold("goal_threshold", goal_threshold)?;
         check_threshold("tool_threshold", tool_threshold)?;
         let (ids, query_len) = lookup(&self.goal_vocabulary, goal_tokens);
-        let (tool_ids, tools_len) = lookup(&self.tool_vocabulary, tools);
-        // J > t needs more than t * |A| shared tokens (|A ∪ B| >= |A|).
-        // Rounding can only make `needed` smaller than the exact bound,
-        // which reads more lists, never fewer.
-        let needed = ((goal_threshold * query_len as f64).floor() as usize + 1).max(1);
-        if ids.len() < needed {
+        if ids.is_empty() {
             return Ok(None);
         }
-        let mut lists: Vec<&[u32]> = ids
-            .iter()
-            .map(|&id| self.postings[id as usize].as_slice())
-            .collect();
-        lists.sort_by_key(|list| list.len());
-        let prefix = ids.len() - needed + 1;
-        let mut seen = SeenSlots::new(self.slots.len());
+        let (tool_ids, tools_len) = lookup(&self.tool_vocabulary, tools);
+        // An entry sharing f tokens has similarity at most f / |A|: with the
+        // same division as the similarity itself, so that rounding agrees,
+        // skip as many lists L as keep L / |A| <= the threshold.
+        let ratio = |f: usize| f as f64 / query_len as f64;
+        let max_skip = (0..ids.len())
+            .take_while(|&l| ratio(l) <= goal_threshold)
+            .last()
+            .unwrap_or(0);
+        // An entry must share `needed` tokens, so at least `needed - L` of
+        // the counted ones: skip one list fewer when that lets only entries
+        // sharing two counted tokens be looked at.
+        let needed = (1..=ids.len())
+            .find(|&f| ratio(f) > goal_threshold)
+            .unwrap_or(ids.len() + 1);
+        if needed > ids.len() {
+            return Ok(None);
+        }
+        let max_skip = if needed >= 3 {
+            max_skip.min(needed - 2)
+        } else {
+            max_skip
+        };
+        let (counted, skipped) = self.split(&ids, max_skip);
+        let min_count = (needed - skipped.len()) as u32;
+        let bits: Vec<u64> = skipped.iter().map(|&id| signature_bit(id)).collect();
+        let mut counts = self.take_counts(min_count);
+        self.count_lists(&mut counts, &counted);
         let mut found: Option<(SimilarCrystal, u64)> = None;
-        for list in &lists[..prefix] {
-            for &slot in list.iter() {
-                if !seen.insert(slot) {
+        for &slot in counts.candidates() {
+            let record = &self.slots[slot as usize];
+            let goal_len = record.goal_len as usize;
+            let mut shared = counts.counts[slot as usize] as usize;
+            if !skipped.is_empty() {
+                let maybe = bits.iter().filter(|&&b| record.signature & b != 0).count();
+                let most = (shared + maybe).min(goal_len);
+                if set_score(most, query_len, goal_len) <= goal_threshold {
                     continue;
                 }
-                let Some(entry) = self.entry(slot) else {
-                    continue;
+                shared += self.shared_with(slot, &skipped);
+            }
+            let goal_similarity = set_score(shared, query_len, goal_len);
+            if goal_similarity <= goal_threshold {
+                continue;
+            }
+            let Some(tokens) = self.entry_tokens(slot) else {
+                continue;
+            };
+            let entry_tools = &tokens[goal_len..];
+            let tool_similarity = set_score(
+                intersection_count(&tool_ids, entry_tools),
+                tools_len,
+                entry_tools.len(),
+            );
+            if tool_similarity <= tool_threshold {
+                continue;
+            }
+            let order = record.order;
+            let better = match &found {
+                None => true,
+                Some((f, f_order)) => goal_similarity
+                    .total_cmp(&f.goal_similarity)
+                    .then_with(|| tool_similarity.total_cmp(&f.tool_similarity))
+                    .then_with(|| f_order.cmp(&order))
+                    .then_with(|| f.slot.cmp(&slot))
+                    .is_gt(),
+            };
+            if better {
+                let similar = SimilarCrystal {
+                    slot,
+                    goal_similarity,
+                    tool_similarity,
                 };
-                let goal_similarity = set_score(
-                    intersection_count(&ids, entry.goal()),
-                    query_len,
-                    entry.goal().len(),
-                );
-                if goal_similarity <= goal_threshold {
-                    continue;
-                }
-                let tool_similarity = set_score(
-                    intersection_count(&tool_ids, entry.tools()),
-                    tools_len,
-                    entry.tools().len(),
-                );
-                if tool_similarity <= tool_threshold {
-                    continue;
-                }
-                let better = match &found {
-                    None => true,
-                    Some((f, order)) => goal_similarity
-                        .total_cmp(&f.goal_similarity)
-                        .then_with(|| tool_similarity.total_cmp(&f.tool_similarity))
-                        .then_with(|| order.cmp(&entry.order))
-                        .then_with(|| f.slot.cmp(&slot))
-                        .is_gt(),
-                };
-                if better {
-                    let similar = SimilarCrystal {
-                        slot,
-                        goal_similarity,
-                        tool_similarity,
-                    };
-                    found = Some((similar, entry.order));
-                }
+                found = Some((similar, order));
             }
         }
+        self.recycle(counts);
         Ok(found.map(|(similar, _)| similar))
     }
 
@@ -844,14 +1143,12 @@ impl CrystalIndex {
             if attempt == 1 || self.eviction.limit.is_none() {
                 self.refill_eviction();
             }
-            let candidates = &mut self.eviction.candidates;
-            let mut i = candidates.len();
+            let mut i = self.eviction.candidates.len();
             while i > 0 {
                 i -= 1;
-                let key = candidates[i];
-                let live = self.slots.get(key.slot as usize).and_then(Option::as_ref);
-                if !live.is_some_and(|e| e.evict_key(key.slot) == key) {
-                    candidates.remove(i);
+                let key = self.eviction.candidates[i];
+                if !self.contains(key.slot) || self.evict_key(key.slot) != key {
+                    self.eviction.candidates.remove(i);
                     continue;
                 }
                 if Some(key.slot) != exclude {
@@ -868,9 +1165,11 @@ impl CrystalIndex {
     /// Collects the `EVICTION_BATCH` least keys of the whole index.
     fn refill_eviction(&mut self) {
         let mut heap: BinaryHeap<EvictKey> = BinaryHeap::with_capacity(EVICTION_BATCH + 1);
-        for (slot, entry) in self.slots.iter().enumerate() {
-            let Some(entry) = entry else { continue };
-            let key = entry.evict_key(slot as u32);
+        for slot in 0..self.tokens.len() as u32 {
+            if !self.contains(slot) {
+                continue;
+            }
+            let key = self.evict_key(slot);
             if heap.len() < EVICTION_BATCH {
                 heap.push(key);
             } else if heap.peek().is_some_and(|top| key < *top) {
@@ -900,13 +1199,17 @@ impl CrystalIndex {
             total_reuses: 0,
             effectiveness_sum: 0.0,
         };
-        for entry in self.slots.iter().flatten() {
+        for (at, tokens) in self.tokens.iter().enumerate() {
+            if tokens.is_none() {
+                continue;
+            }
+            let effectiveness = self.slots[at].effectiveness;
             stats.count += 1;
-            if entry.effectiveness >= effective_threshold {
+            if effectiveness >= effective_threshold {
                 stats.effective += 1;
             }
-            stats.total_reuses = stats.total_reuses.saturating_add(entry.reuse_count);
-            stats.effectiveness_sum += entry.effectiveness;
+            stats.total_reuses = stats.total_reuses.saturating_add(self.reuse_count[at]);
+            stats.effectiveness_sum += effectiveness;
         }
         stats
     }
@@ -915,30 +1218,43 @@ impl CrystalIndex {
     /// approximated as 16 bytes per allocation).
     pub fn memory_usage(&self) -> usize {
         const ALLOCATION: usize = 16;
+        fn vec_bytes<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
         let vocabulary = |v: &HashMap<Box<str>, u32>| {
             v.capacity() * (std::mem::size_of::<(Box<str>, u32)>() + 1)
                 + v.keys().map(|k| k.len() + ALLOCATION).sum::<usize>()
         };
-        let slots = self.slots.capacity() * std::mem::size_of::<Option<CrystalEntry>>()
+        let per_slot = vec_bytes(&self.slots)
+            + vec_bytes(&self.reuse_count)
+            + vec_bytes(&self.tokens)
             + self
-                .slots
+                .tokens
                 .iter()
                 .flatten()
-                .map(|e| e.tokens.len() * 4 + ALLOCATION)
+                .map(|t| t.len() * 4 + ALLOCATION)
                 .sum::<usize>();
-        let postings = self.postings.capacity() * std::mem::size_of::<Vec<u32>>()
+        let postings = vec_bytes(&self.postings)
             + self
                 .postings
                 .iter()
-                .map(|p| p.capacity() * 4 + ALLOCATION)
+                .map(|p| vec_bytes(p) + ALLOCATION)
                 .sum::<usize>();
+        let pooled = self
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|c| vec_bytes(&c.counts) + vec_bytes(&c.touched))
+            .sum::<usize>();
         vocabulary(&self.goal_vocabulary)
             + vocabulary(&self.tool_vocabulary)
-            + slots
+            + per_slot
             + postings
-            + self.stale.capacity() * 4
-            + self.free_slots.capacity() * 4
-            + self.eviction.candidates.capacity() * std::mem::size_of::<EvictKey>()
+            + vec_bytes(&self.stale)
+            + vec_bytes(&self.free_slots)
+            + vec_bytes(&self.eviction.candidates)
+            + pooled
     }
 }
 
@@ -1332,8 +1648,16 @@ mod tests {
 
     #[test]
     fn crystal_index_agrees_with_brute_force_under_churn() {
-        let mut rng = Lcg(7);
+        // Threshold 1: searches skip lists whenever their bounds allow.
+        for (seed, skip_threshold) in [(7, DEFAULT_SKIP_MIN_POSTINGS), (8, 1), (9, 3)] {
+            churn(seed, skip_threshold);
+        }
+    }
+
+    fn churn(seed: u64, skip_threshold: usize) {
+        let mut rng = Lcg(seed);
         let mut index = CrystalIndex::new();
+        index.set_skip_threshold(skip_threshold);
         let mut model: std::collections::BTreeMap<u32, ModelCrystal> = Default::default();
         let mut order = 0u64;
         for step in 0..6000 {
@@ -1455,6 +1779,68 @@ mod tests {
             let slot = least.unwrap();
             assert!(index.remove(slot));
             model.remove(&slot);
+        }
+    }
+
+    #[test]
+    fn crystal_index_skipping_agrees_with_brute_force_at_scale() {
+        // Common tokens in long lists (skipped) and rarer ones (counted).
+        let mut rng = Lcg(11);
+        let mut index = CrystalIndex::new();
+        let mut model: std::collections::BTreeMap<u32, ModelCrystal> = Default::default();
+        let common = ["the", "to", "{file_path}", "{url}", "deploy"];
+        let draw = |rng: &mut Lcg| -> Vec<String> {
+            let mut goal: Vec<String> = common
+                .iter()
+                .filter(|_| rng.next(3) == 0)
+                .map(|t| t.to_string())
+                .collect();
+            for _ in 0..rng.next(4) {
+                goal.push(format!("w{}", rng.next(300)));
+            }
+            goal
+        };
+        for order in 0..8_000u64 {
+            let goal = draw(&mut rng);
+            let tools: Vec<String> = (0..rng.next(4))
+                .map(|i| format!("t{}", rng.next(6) + i))
+                .collect();
+            let effectiveness = rng.next(9) as f64 / 8.0;
+            let slot = index.add(order, &goal, &tools, effectiveness, 0).unwrap();
+            model.insert(
+                slot,
+                ModelCrystal {
+                    order,
+                    goal,
+                    tools,
+                    effectiveness,
+                    reuse_count: 0,
+                },
+            );
+        }
+        for step in 0..120 {
+            let query = draw(&mut rng);
+            let k = 1 + rng.next(5) as usize;
+            assert_eq!(
+                index.top_k(&query, k),
+                model_top_k(&model, &query, k),
+                "step {step}"
+            );
+            let tools: Vec<String> = (0..rng.next(4))
+                .map(|i| format!("t{}", rng.next(6) + i))
+                .collect();
+            for (gt, tt) in [(0.7, 0.8), (0.5, 0.0), (0.0, 0.0)] {
+                assert_eq!(
+                    index.find_similar(&query, &tools, gt, tt).unwrap(),
+                    model_similar(&model, &query, &tools, gt, tt),
+                    "step {step}"
+                );
+            }
+            // Churn: remove some, so that lists hold stale postings.
+            for _ in 0..5 {
+                let slot = rng.next(8_000) as u32;
+                assert_eq!(index.remove(slot), model.remove(&slot).is_some());
+            }
         }
     }
 }
