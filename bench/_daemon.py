@@ -24,11 +24,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_serving(address: str, timeout: float = 30.0) -> None:
+def wait_serving(
+    address: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
+            if proc is not None and proc.poll() is not None:
+                stderr = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"{' '.join(proc.args)} exited: {stderr}")  # type: ignore[arg-type]
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -45,7 +50,7 @@ def process(args: Sequence[str], address: str) -> Iterator[subprocess.Popen[byte
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_serving(address)
+        wait_serving(address, proc=proc)
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -60,7 +65,9 @@ def daemon(data_dir: Path, *extra: str) -> Iterator[str]:
     """A `stratad serve` subprocess on a free loopback port; yields its address."""
     address = f"127.0.0.1:{free_port()}"
     args = [sys.executable, "-m", "stratad", "serve", "--listen", address]
-    args += ["--data-dir", str(data_dir), "--log-level", "warning", *extra]
+    # No metrics endpoint: its default port would collide between daemons.
+    args += ["--data-dir", str(data_dir), "--log-level", "warning", "--metrics-listen", "off"]
+    args += extra
     with process(args, address):
         yield address
 

@@ -26,11 +26,18 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This script's directory holds bench/langgraph.py, which would shadow the
+# langgraph package: import the package with the directory off the path.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
+from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 
-import _workload
-from _daemon import daemon, echo_server
-from _report import (
+sys.path.insert(0, str(_HERE))
+
+import _workload  # noqa: E402
+from _daemon import daemon, echo_server  # noqa: E402
+from _report import (  # noqa: E402
     DOC,
     disk_usage,
     fmt_bytes,
@@ -41,8 +48,8 @@ from _report import (
     write_section,
 )
 
-import stratad
-from stratad.api.v1 import checkpoint_pb2
+import stratad  # noqa: E402
+from stratad.api.v1 import checkpoint_pb2  # noqa: E402
 
 HEADING = "## Checkpoints (bench/checkpoints.py)"
 
@@ -83,10 +90,33 @@ def run_stratad(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingRes
         return GrowingResult("stratad (gRPC, fsync)", steps, spent, apparent, allocated, logical)
 
 
-def run_sqlite(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
-    from langgraph.checkpoint.base import empty_checkpoint
-    from langgraph.checkpoint.sqlite import SqliteSaver
+def run_engine(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
+    """stratad's storage engine called in-process: the store without the gRPC hop."""
+    from stratad.domain.checkpoints import SaveInput
+    from stratad.domain.engine import Engine
 
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp) / "data"
+        engine = Engine(data_dir)
+        engine.open()
+        try:
+            engine.sessions.create("default", "conversation")
+            spent = 0.0
+            logical = 0
+            for state in states():
+                started = time.perf_counter()
+                engine.checkpoints.save_state("default", "conversation", SaveInput(data=state))
+                spent += time.perf_counter() - started
+                logical += len(state)
+        finally:
+            engine.close()
+        apparent, allocated = disk_usage(data_dir)
+    return GrowingResult(
+        "stratad engine (in-process, fsync)", steps, spent, apparent, allocated, logical
+    )
+
+
+def run_sqlite(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "checkpoints.db"
         conn = sqlite3.connect(path, check_same_thread=False)
@@ -118,7 +148,8 @@ def bench_growing(step_counts: Sequence[int]) -> list[GrowingResult]:
 
         results.append(run_stratad(steps, states))
         results.append(run_sqlite(steps, states))
-        for r in results[-2:]:
+        results.append(run_engine(steps, states))
+        for r in results[-3:]:
             print(f"  {r.store} @ {steps}: {r.cps:.0f} cps, {fmt_bytes(r.apparent)}", flush=True)
     return results
 
@@ -129,9 +160,10 @@ def growing_table(results: Sequence[GrowingResult]) -> str:
     for r in results:
         by_steps.setdefault(r.steps, {})[r.store] = r
     for steps, pair in by_steps.items():
-        ours = next(r for name, r in pair.items() if name.startswith("stratad"))
+        ours = next(r for name, r in pair.items() if name.startswith("stratad (gRPC"))
         sqlite = next(r for name, r in pair.items() if name.startswith("LangGraph"))
-        for r in (ours, sqlite):
+        engine = next(r for name, r in pair.items() if name.startswith("stratad engine"))
+        for r in (ours, sqlite, engine):
             rows.append([
                 str(steps), r.store, fmt_bytes(r.logical), fmt_bytes(r.apparent),
                 fmt_bytes(r.allocated), f"{r.cps:.0f}",
@@ -313,7 +345,7 @@ def concurrency_table(results: Sequence[ConcurrencyResult]) -> str:
 
 
 def targets(growing: Sequence[GrowingResult], conc: Sequence[ConcurrencyResult]) -> str:
-    by = {(r.store.split()[0], r.steps): r for r in growing}
+    by = {(r.store.split()[0], r.steps): r for r in growing if "engine" not in r.store}
     lines = []
     top = max(r.steps for r in growing)
     ours, sq = by[("stratad", top)], by[("LangGraph", top)]

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -187,8 +188,17 @@ async def _set_status(health: health_aio.HealthServicer, names: Iterable[str], s
 # --- the daemon's lifetime ------------------------------------------------------
 
 
+#: How long a thread may hold the GIL while another waits for it. Python's
+#: default, 5 ms, is longer than a whole save: the thread that finished an
+#: fsync (or gRPC's own threads) would wait that long to hand the result to
+#: the event loop. Measured: a 3 KB save with fsync took 3.6 ms at 5 ms and
+#: about a third of that at this setting.
+GIL_SWITCH_INTERVAL = 0.0005
+
+
 async def serve(config: Config) -> int:
     """Run the daemon until SIGTERM or SIGINT, then shut down gracefully; exit code."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     stop_requested = _install_signal_handlers()
     async with open_resources(config) as resources:
         server = await start_server(resources)
