@@ -10,6 +10,7 @@ from stratad.domain.admin import Admin
 from stratad.domain.agent import Agents
 from stratad.domain.checkpoints import Checkpoints
 from stratad.domain.cognitive import Cognitive
+from stratad.domain.crystals import CrystalLibraries
 from stratad.domain.events import EventHub
 from stratad.domain.profiles import Profiles
 from stratad.domain.sessions import SessionManager
@@ -52,16 +53,19 @@ class Engine:
         self.tasks = Tasks(self.sessions)
         self.agents = Agents(self.sessions)
         self.profiles = Profiles(self.store, compact_min_bytes=compact_min_bytes)
+        self.crystals = CrystalLibraries(self.store, compact_min_bytes=compact_min_bytes)
         self.committer = GroupCommitter()
 
     def open(self) -> dict[str, int]:
         """Recover every session and profile journal, then start background syncing."""
         report = collections.Counter(self.sessions.recover())
         report.update(self.profiles.recover())
+        report.update(self.crystals.recover())
         self.store.start()
         log.info("recovered %s", dict(report) or "an empty store")
         return dict(report)
 
     def close(self) -> None:
         self.committer.stop()
+        self.crystals.close()
         self.store.close()

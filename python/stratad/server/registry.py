@@ -99,6 +99,8 @@ def _services() -> tuple[ServiceRegistration, ...]:
         checkpoint_pb2_grpc,
         cognitive_pb2,
         cognitive_pb2_grpc,
+        crystal_pb2,
+        crystal_pb2_grpc,
         profile_pb2,
         profile_pb2_grpc,
         session_pb2,
@@ -110,6 +112,7 @@ def _services() -> tuple[ServiceRegistration, ...]:
     from stratad.server.servicers.agent import AgentStateServicer
     from stratad.server.servicers.checkpoint import CheckpointServicer
     from stratad.server.servicers.cognitive import CognitiveStateServicer
+    from stratad.server.servicers.crystal import CrystalServicer
     from stratad.server.servicers.profile import ProfileServicer
     from stratad.server.servicers.session import SessionServicer
     from stratad.server.servicers.task import TaskServicer
@@ -149,6 +152,11 @@ def _services() -> tuple[ServiceRegistration, ...]:
             service_name(profile_pb2, "ProfileService"),
             profile_pb2_grpc.add_ProfileServiceServicer_to_server,
             ProfileServicer,
+        ),
+        ServiceRegistration(
+            service_name(crystal_pb2, "CrystalService"),
+            crystal_pb2_grpc.add_CrystalServiceServicer_to_server,
+            CrystalServicer,
         ),
     )
 

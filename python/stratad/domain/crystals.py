@@ -1,0 +1,993 @@
+"""Crystal memory (seed 001, corteX ``MemoryCrystallizer``): reusable patterns
+extracted from successful runs, one library per tenant. User guide: docs/crystals.md.
+
+Behaviour (the seed's, with stratad's precise definitions):
+
+- **Crystallize** stores nothing when ``success_score < min_success_score``
+  (default 0.7). Otherwise it extracts a crystal: ``goal_template`` is
+  ``native.generalize_goal(goal)``; ``decision_chain`` the first 20 non-empty
+  decisions; ``tool_sequence`` the first 15 distinct non-empty tools in order of
+  first use; ``error_patterns`` the first 10 steps with a non-empty error, with
+  their resolution ("" if none); ``entity_types`` ``native.detect_entity_types(goal)``.
+- **Novelty**: the new crystal is rejected when an existing one has tool-sequence
+  Jaccard > 0.8 *and* goal-template word overlap > 0.7 (both strictly). Tool
+  Jaccard is over the *sets* of tool names (exact strings); word overlap is the
+  Jaccard of the sets of ``native.tokenize(goal_template)``. Two empty sets have
+  Jaccard 0. Of several similar crystals, the one named is the most similar
+  (highest word overlap, then tool Jaccard, then oldest).
+- **Effectiveness** starts at ``success_score``, which counts as the first
+  observation; each ``RecordReuse`` adds one (1.0 for success, 0.0 for failure):
+  ``effectiveness = (e * (n + 1) + outcome) / (n + 2)`` with ``n`` the reuse
+  count before, i.e. ``(success_score + successes) / (1 + reuse_count)``.
+- **Query** generalizes and tokenizes the goal and ranks crystals sharing at least
+  one token by ``score = similarity * (0.5 + 0.5 * effectiveness)``, where
+  ``similarity`` is the Jaccard of the token sets; ties go to the older crystal.
+- **Eviction**: over ``max_crystals`` (default 200), the least effective crystal
+  goes; ties: fewer reuses first, then the oldest. The crystal being created is
+  never the one evicted.
+- **IDs**: ``crystal_{session_id}_{milliseconds since the epoch}`` (the session ID
+  cut to 96 characters so the ID stays within 128); if that ID is taken in the
+  library (two crystals of one session in the same millisecond), ``-2``, ``-3``, ...
+  is appended.
+
+Scale: everything searched lives in a native ``CrystalIndex`` (goal-token inverted
+index, tool sets, effectiveness, eviction order; docs/native.md); this module
+keeps only compact per-slot arrays (IDs, sequence numbers, effectiveness, reuse
+counts, where each crystal's record is in the journal). A crystal's contents are
+read back from its journal record when it is returned, so memory does not grow
+with decision chains and error texts, and a million crystals take a few hundred
+bytes each.
+
+Persistence: ``<data>/tenants/<tenant>/crystals/journal``, records in the
+store/journal.py format: ``config`` (limits and the next sequence number),
+``crystal`` (an immutable crystal as created), ``reuse`` (effectiveness and reuse
+count after a reuse) and ``delete`` (deleted or evicted). Each mutation is
+appended under the library lock and fsynced outside it (group commit), and
+acknowledged only after that. When the journal is more than twice what the live
+crystals need (and over ``compact_min_bytes``), it is rewritten: a ``config``
+record, the live ``crystal`` records copied byte for byte in creation order, and
+one ``reuse`` record per crystal reused so far. Replay at start streams the file
+(memory-mapped), cuts a torn tail, and refuses writes to a library whose journal
+is damaged in the middle (reads keep working).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import collections
+import contextlib
+import dataclasses
+import enum
+import logging
+import math
+import mmap
+import os
+import re
+import struct
+import sys
+import threading
+import time
+import zlib
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from stratad import native
+from stratad.domain.ids import validate_id
+from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError, StratadError
+from stratad.store import journal as journal_mod
+from stratad.store.fsync import fsync_dir
+from stratad.store.journal import Journal, Record
+from stratad.store.store import Store
+
+log = logging.getLogger(__name__)
+
+DIRECTORY = "crystals"
+JOURNAL = "journal"
+
+DEFAULT_MAX_CRYSTALS = 200
+#: The largest max_crystals a tenant may configure.
+MAX_CRYSTALS_LIMIT = 10_000_000
+DEFAULT_MIN_SUCCESS_SCORE = 0.7
+#: Novelty: a crystal is redundant when an existing one is above both (strictly).
+TOOL_SIMILARITY_THRESHOLD = 0.8
+GOAL_SIMILARITY_THRESHOLD = 0.7
+MAX_DECISIONS = 20
+MAX_TOOLS = 15
+MAX_ERROR_PATTERNS = 10
+#: GetCrystalStats counts crystals at least this effective as effective.
+EFFECTIVE_THRESHOLD = 0.5
+DEFAULT_TOP_K = 3
+MAX_TOP_K = 1000
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+#: stratad's bounds for what the seed leaves unbounded.
+MAX_TEXT_CHARS = 8192
+MAX_TRACE_STEPS = 10_000
+_MAX_SESSION_IN_ID = 96
+
+_HEADER = struct.Struct("<II")  # the journal's record header: length, CRC-32
+_TOKEN_RE = re.compile(r"c(0|[1-9][0-9]{0,18})")
+
+
+# -- the crystal ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStep:
+    """One step of an execution trace (the seed's dict; "" is an absent key)."""
+
+    decision: str = ""
+    tool: str = ""
+    error: str = ""
+    resolution: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorPattern:
+    error: str
+    resolution: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Crystal:
+    crystal_id: str
+    goal_template: str
+    decision_chain: tuple[str, ...]
+    tool_sequence: tuple[str, ...]
+    error_patterns: tuple[ErrorPattern, ...]
+    success_score: float
+    reuse_count: int
+    effectiveness: float
+    entity_types: tuple[str, ...]
+    created_from: str
+    created_at: float
+
+
+class Outcome(enum.Enum):
+    CREATED = "created"
+    BELOW_THRESHOLD = "below_threshold"
+    NOT_NOVEL = "not_novel"
+
+
+@dataclass(frozen=True, slots=True)
+class CrystallizeResult:
+    outcome: Outcome
+    min_success_score: float
+    crystal: Crystal | None = None
+    #: NOT_NOVEL: the existing crystal and how similar it is.
+    similar_crystal_id: str = ""
+    goal_similarity: float = 0.0
+    tool_similarity: float = 0.0
+    #: CREATED: crystals evicted to make room, least effective first.
+    evicted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    crystal: Crystal
+    similarity: float
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class LibraryConfig:
+    max_crystals: int = DEFAULT_MAX_CRYSTALS
+    min_success_score: float = DEFAULT_MIN_SUCCESS_SCORE
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    total_crystals: int
+    effective_crystals: int
+    total_reuses: int
+    avg_effectiveness: float
+    max_crystals: int
+    memory_bytes: int
+    journal_bytes: int
+
+
+# -- pure functions (the seed's logic) ---------------------------------------------
+
+
+def _text(value: object, what: str, *, limit: int = MAX_TEXT_CHARS) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{what} must be a string")
+    if len(value) > limit:
+        raise InvalidArgumentError(f"{what} is longer than {limit} characters")
+    return value
+
+
+def _unit(value: object, what: str) -> float:
+    """A float in [0, 1] (NaN and infinities refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{what} must be a number")
+    number = float(value)
+    if not (math.isfinite(number) and 0.0 <= number <= 1.0):
+        raise InvalidArgumentError(f"{what} must be between 0 and 1, got {value!r}")
+    return number + 0.0  # -0.0 -> 0.0
+
+
+def validate_trace(trace: Sequence[TraceStep]) -> None:
+    if len(trace) > MAX_TRACE_STEPS:
+        raise InvalidArgumentError(f"execution_trace has more than {MAX_TRACE_STEPS} steps")
+    for i, step in enumerate(trace):
+        for name in ("decision", "tool", "error", "resolution"):
+            _text(getattr(step, name), f"execution_trace[{i}].{name}")
+
+
+def extract(
+    goal: str,
+    trace: Sequence[TraceStep],
+    success_score: float,
+    *,
+    crystal_id: str,
+    session_id: str,
+    created_at: float,
+) -> Crystal:
+    """The crystal of one execution (inputs already validated)."""
+    decisions = [s.decision for s in trace if s.decision][:MAX_DECISIONS]
+    tools = list(dict.fromkeys(s.tool for s in trace if s.tool))[:MAX_TOOLS]
+    errors = [ErrorPattern(s.error, s.resolution) for s in trace if s.error]
+    return Crystal(
+        crystal_id=crystal_id,
+        goal_template=native.generalize_goal(goal),
+        decision_chain=tuple(decisions),
+        tool_sequence=tuple(tools),
+        error_patterns=tuple(errors[:MAX_ERROR_PATTERNS]),
+        success_score=success_score,
+        reuse_count=0,
+        effectiveness=success_score,
+        entity_types=tuple(native.detect_entity_types(goal)),
+        created_from=session_id,
+        created_at=created_at,
+    )
+
+
+def running_average(effectiveness: float, reuse_count: int, success: bool) -> float:
+    """Effectiveness after one more reuse (the original run counts as the first)."""
+    value = (effectiveness * (reuse_count + 1) + (1.0 if success else 0.0)) / (reuse_count + 2)
+    return min(1.0, max(0.0, value))
+
+
+def format_prompt(crystal: Crystal) -> str:
+    """The seed's ``apply`` output: a few-shot prompt in markdown.
+
+    Lines whose list is empty (Approach, Tools used, Known pitfalls) are left out;
+    a pitfall without a resolution is shown without the ``: resolution`` part.
+    """
+    lines = [
+        f"## Similar Past Success ({crystal.effectiveness:.0%} effective, "
+        f"used {crystal.reuse_count}x)",
+        f"Goal pattern: {crystal.goal_template}",
+    ]
+    if crystal.decision_chain:
+        lines.append(f"Approach: {' -> '.join(crystal.decision_chain)}")
+    if crystal.tool_sequence:
+        lines.append(f"Tools used: {', '.join(crystal.tool_sequence)}")
+    if crystal.error_patterns:
+        lines.append("Known pitfalls:")
+        for pattern in crystal.error_patterns:
+            suffix = f": {pattern.resolution}" if pattern.resolution else ""
+            lines.append(f"  - {pattern.error}{suffix}")
+    return "\n".join(lines)
+
+
+def crystal_id_base(session_id: str, created_at: float) -> str:
+    return f"crystal_{session_id[:_MAX_SESSION_IN_ID]}_{int(created_at * 1000)}"
+
+
+def encode_page_token(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"c{seq}".encode()).decode()
+
+
+def decode_page_token(token: str) -> int:
+    """The sequence number a page token carries (-1 for none)."""
+    if not token:
+        return -1
+    try:
+        text = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+    except (ValueError, UnicodeDecodeError, binascii.Error):
+        text = ""
+    found = _TOKEN_RE.fullmatch(text)
+    if found is None:
+        raise InvalidArgumentError("page_token is not a token this server issued")
+    return int(found.group(1))
+
+
+# -- records ---------------------------------------------------------------------------
+
+
+class _Encoded(Record):
+    """A record encoded once, so that its size is known when it is appended and
+    compaction can copy it byte for byte."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__("")
+        self.data = data
+
+    def encode(self) -> bytes:
+        return self.data
+
+
+def _crystal_body(crystal: Crystal, seq: int) -> dict[str, Any]:
+    return {
+        "id": crystal.crystal_id,
+        "seq": seq,
+        "goal_template": crystal.goal_template,
+        "decision_chain": list(crystal.decision_chain),
+        "tool_sequence": list(crystal.tool_sequence),
+        "error_patterns": [[p.error, p.resolution] for p in crystal.error_patterns],
+        "entity_types": list(crystal.entity_types),
+        "success_score": crystal.success_score,
+        "created_from": crystal.created_from,
+        "created_at": crystal.created_at,
+    }
+
+
+def _crystal_of(body: dict[str, Any], effectiveness: float, reuse_count: int) -> Crystal:
+    return Crystal(
+        crystal_id=body["id"],
+        goal_template=body["goal_template"],
+        decision_chain=tuple(body["decision_chain"]),
+        tool_sequence=tuple(body["tool_sequence"]),
+        error_patterns=tuple(ErrorPattern(e, r) for e, r in body["error_patterns"]),
+        success_score=body["success_score"],
+        reuse_count=reuse_count,
+        effectiveness=effectiveness,
+        entity_types=tuple(body["entity_types"]),
+        created_from=body["created_from"],
+        created_at=body["created_at"],
+    )
+
+
+# -- one tenant's library ----------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Library:
+    """One tenant's crystals. Every field is guarded by `lock`.
+
+    Slots are allocated by the native index; the arrays below are indexed by slot.
+    """
+
+    tenant: str
+    root: Path
+    config: LibraryConfig = field(default_factory=LibraryConfig)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    journal: Journal | None = None
+    read_fd: int = -1
+    index: native.CrystalIndex = field(default_factory=native.CrystalIndex)
+    ids: dict[str, int] = field(default_factory=dict)
+    id_at: list[str | None] = field(default_factory=list)
+    seq_at: array[int] = field(default_factory=lambda: array("q"))
+    effectiveness_at: array[float] = field(default_factory=lambda: array("d"))
+    reuses_at: array[int] = field(default_factory=lambda: array("q"))
+    offset_at: array[int] = field(default_factory=lambda: array("q"))
+    size_at: array[int] = field(default_factory=lambda: array("q"))
+    #: Creation order for listing: sequence numbers (ascending) and their slots;
+    #: entries of removed crystals stay until `_trim_listing`.
+    listed_seq: array[int] = field(default_factory=lambda: array("q"))
+    listed_slot: array[int] = field(default_factory=lambda: array("q"))
+    listed_holes: int = 0
+    next_seq: int = 0
+    #: Bumped by every removal: a search made without the lock is still valid
+    #: (its slots name the same crystals) while this has not changed.
+    removals: int = 0
+    #: Bytes of the live crystals' records, and crystals reused at least once
+    #: (each needs a reuse record after compaction): what compaction would keep.
+    live_bytes: int = 0
+    reused: int = 0
+    id_bytes: int = 0
+    damaged: str = ""
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    # -- in-memory state (lock held) ---------------------------------------------
+
+    def insert(self, body: dict[str, Any], offset: int, size: int) -> int:
+        crystal_id, seq = body["id"], body["seq"]
+        score = body["success_score"]
+        tokens = native.tokenize(body["goal_template"])
+        slot = self.index.add(seq, tokens, body["tool_sequence"], score, 0)
+        values = (crystal_id, seq, score, 0, offset, size)
+        if slot == len(self.id_at):
+            self.id_at.append(crystal_id)
+            for column, value in zip(self._columns(), values[1:], strict=True):
+                column.append(value)
+        else:
+            self.id_at[slot] = crystal_id
+            for column, value in zip(self._columns(), values[1:], strict=True):
+                column[slot] = value
+        self.ids[crystal_id] = slot
+        self.listed_seq.append(seq)
+        self.listed_slot.append(slot)
+        self.next_seq = max(self.next_seq, seq + 1)
+        self.live_bytes += size
+        self.id_bytes += sys.getsizeof(crystal_id)
+        return slot
+
+    def _columns(self) -> tuple[array[Any], ...]:
+        return (self.seq_at, self.effectiveness_at, self.reuses_at, self.offset_at, self.size_at)
+
+    def set_reuse(self, slot: int, effectiveness: float, reuse_count: int) -> None:
+        if self.reuses_at[slot] == 0 and reuse_count > 0:
+            self.reused += 1
+        self.effectiveness_at[slot] = effectiveness
+        self.reuses_at[slot] = reuse_count
+        self.index.update(slot, effectiveness, reuse_count)
+
+    def discard(self, crystal_id: str) -> None:
+        slot = self.ids.pop(crystal_id)
+        self.index.remove(slot)
+        self.removals += 1
+        self.live_bytes -= self.size_at[slot]
+        if self.reuses_at[slot]:
+            self.reused -= 1
+        self.id_bytes -= sys.getsizeof(crystal_id)
+        self.id_at[slot] = None
+        self.seq_at[slot] = -1
+        self.listed_holes += 1
+        if self.listed_holes > max(1024, len(self.listed_seq) // 2):
+            self._trim_listing()
+
+    def _trim_listing(self) -> None:
+        keep = [
+            (seq, slot)
+            for seq, slot in zip(self.listed_seq, self.listed_slot, strict=True)
+            if self.seq_at[slot] == seq
+        ]
+        self.listed_seq = array("q", (seq for seq, _ in keep))
+        self.listed_slot = array("q", (slot for _, slot in keep))
+        self.listed_holes = 0
+
+    def slot_of(self, crystal_id: str) -> int:
+        slot = self.ids.get(crystal_id)
+        if slot is None:
+            raise NotFoundError(f"crystal {crystal_id!r} not found")
+        return slot
+
+    def read(self, slot: int) -> Crystal:
+        """The crystal in `slot`, its contents read back from the journal."""
+        offset, size = self.offset_at[slot], self.size_at[slot]
+        try:
+            data = os.pread(self.read_fd, size, offset)
+        except OSError as exc:
+            raise DataLossError(f"cannot read crystal {self.id_at[slot]!r}: {exc}") from exc
+        body = _decode(data, size)
+        if body is None or body.get("id") != self.id_at[slot]:
+            raise DataLossError(
+                f"the journal record of crystal {self.id_at[slot]!r} fails its checksum"
+            )
+        return _crystal_of(body, self.effectiveness_at[slot], self.reuses_at[slot])
+
+    def memory_bytes(self) -> int:
+        arrays = (*self._columns(), self.listed_seq, self.listed_slot)
+        return (
+            self.index.memory_usage()
+            + sys.getsizeof(self.ids)
+            + sys.getsizeof(self.id_at)
+            + self.id_bytes
+            + sum(a.buffer_info()[1] * a.itemsize for a in arrays)
+        )
+
+
+def _decode(data: bytes, size: int) -> dict[str, Any] | None:
+    """The body of the `crystal` record `data`, or None if it fails its checks."""
+    if len(data) != size or size < _HEADER.size:
+        return None
+    length, crc = _HEADER.unpack_from(data, 0)
+    payload = data[_HEADER.size :]
+    if length != len(payload) or zlib.crc32(payload) != crc:
+        return None
+    try:
+        record = Record.decode_payload(payload)
+    except (ValueError, KeyError, struct.error):
+        return None
+    return record.body if record.kind == "crystal" else None
+
+
+# -- all tenants --------------------------------------------------------------------------
+
+
+class CrystalLibraries:
+    """Every tenant's crystal library over one store (the domain of CrystalService)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        compact_min_bytes: int = 4 << 20,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.compact_min_bytes = compact_min_bytes
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._libraries: dict[str, _Library] = {}
+        self._closed = False
+
+    # -- recovery ----------------------------------------------------------------
+
+    def recover(self) -> dict[str, int]:
+        """Replay every tenant's crystal journal (cutting a torn tail)."""
+        report = collections.Counter[str]()
+        for name in self.store.existing_tenant_names():
+            root = self.store.tenants_root / name / DIRECTORY
+            with contextlib.suppress(FileNotFoundError):
+                (root / (JOURNAL + ".tmp")).unlink()  # an interrupted compaction
+            if not (root / JOURNAL).exists():
+                continue
+            lib = _Library(name, root)
+            self._replay(lib, report)
+            with self._lock:
+                self._libraries[name] = lib
+            report["crystals"] += len(lib)
+        return dict(report)
+
+    def _replay(self, lib: _Library, report: collections.Counter[str]) -> None:
+        path = lib.root / JOURNAL
+        end = 0
+        torn = False
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size:
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                    data = cast(bytes, mapped)
+                    try:
+                        for record, start, stop in _records(data):
+                            self._apply(lib, record, start, stop - start)
+                            end = stop
+                    except (KeyError, TypeError, ValueError, DataLossError) as exc:
+                        log.error("bad crystal journal record at byte %d: %s", end, exc)
+                    else:
+                        torn = end < size and journal_mod._is_torn_tail(data, end)
+        if end < size:
+            if torn:
+                journal_mod.truncate(path, end)
+                report["crystal_torn_tails_cut"] += 1
+                log.warning("cut a torn crystal journal tail of %d bytes", size - end)
+            else:
+                lib.damaged = (
+                    f"the crystal journal of tenant {lib.tenant!r} is damaged at byte {end}; "
+                    "its crystals can be read but not changed"
+                )
+                report["damaged_crystal_journals"] += 1
+                log.error(lib.damaged)
+        lib.journal = self.store.open_journal(path)
+        lib.read_fd = os.open(path, os.O_RDONLY)
+
+    @staticmethod
+    def _apply(lib: _Library, record: Record, offset: int, size: int) -> None:
+        body = record.body
+        if record.kind == "crystal":
+            if body["id"] in lib.ids:  # never written twice; a repeat would be damage
+                raise DataLossError(f"crystal {body['id']!r} is created twice in its journal")
+            lib.insert(body, offset, size)
+        elif record.kind == "reuse":
+            slot = lib.ids.get(body["id"])
+            if slot is not None:
+                lib.set_reuse(slot, body["effectiveness"], body["reuse_count"])
+        elif record.kind == "delete":
+            if body["id"] in lib.ids:
+                lib.discard(body["id"])
+        elif record.kind == "config":
+            lib.config = LibraryConfig(body["max_crystals"], body["min_success_score"])
+            lib.next_seq = max(lib.next_seq, body["next_seq"])
+        else:
+            raise DataLossError(f"crystal journal record of unknown kind {record.kind!r}")
+
+    def close(self) -> None:
+        """Stop compacting and release read handles (the store closes the journals)."""
+        with self._lock:
+            self._closed = True
+            libraries = list(self._libraries.values())
+        for lib in libraries:
+            with lib.lock:
+                if lib.read_fd >= 0:
+                    os.close(lib.read_fd)
+                    lib.read_fd = -1
+
+    # -- libraries ---------------------------------------------------------------
+
+    def _library(self, tenant: str, *, create: bool) -> _Library | None:
+        with self._lock:
+            lib = self._libraries.get(tenant)
+            if lib is None and create:
+                validate_id(tenant, "tenant")
+                lib = _Library(tenant, self.store.tenants_root / tenant / DIRECTORY)
+                self._libraries[tenant] = lib
+        return lib
+
+    def _writable(self, tenant: str) -> _Library:
+        lib = self._library(tenant, create=True)
+        assert lib is not None
+        return lib
+
+    @staticmethod
+    def _check_writable(lib: _Library) -> None:
+        if lib.damaged:
+            raise DataLossError(lib.damaged)
+
+    def _journal(self, lib: _Library) -> Journal:
+        if lib.journal is None:
+            fresh = not lib.root.exists()
+            lib.root.mkdir(parents=True, exist_ok=True)
+            if fresh:
+                fsync_dir(lib.root.parent)
+            path = lib.root / JOURNAL
+            lib.journal = self.store.open_journal(path)
+            lib.read_fd = os.open(path, os.O_RDONLY)
+            fsync_dir(lib.root)
+        return lib.journal
+
+    def _append(self, lib: _Library, record: Record) -> tuple[int, int]:
+        """Append `record` (lock held); return its offset and size."""
+        data = record.encode()
+        end = self._journal(lib).append(_Encoded(data))
+        return end - len(data), len(data)
+
+    # -- Crystallize -------------------------------------------------------------
+
+    def crystallize(
+        self,
+        tenant: str,
+        goal: str,
+        execution_trace: Sequence[TraceStep],
+        success_score: float,
+        session_id: str = "",
+        *,
+        min_success_score: float | None = None,
+    ) -> CrystallizeResult:
+        goal = _text(goal, "goal")
+        if not goal.strip():
+            raise InvalidArgumentError("goal must not be empty")
+        success_score = _unit(success_score, "success_score")
+        if session_id:
+            validate_id(session_id, "session_id")
+        validate_trace(execution_trace)
+        if min_success_score is not None:
+            min_success_score = _unit(min_success_score, "min_success_score")
+        lib = self._writable(tenant)
+        threshold = lib.config.min_success_score if min_success_score is None else min_success_score
+        if success_score < threshold:
+            return CrystallizeResult(Outcome.BELOW_THRESHOLD, threshold)
+        draft = extract(
+            goal, execution_trace, success_score, crystal_id="", session_id=session_id,
+            created_at=0.0,
+        )  # fmt: skip
+        goal_tokens = native.tokenize(draft.goal_template)
+        with lib.lock:
+            self._check_writable(lib)
+            similar = lib.index.find_similar(
+                goal_tokens,
+                list(draft.tool_sequence),
+                GOAL_SIMILARITY_THRESHOLD,
+                TOOL_SIMILARITY_THRESHOLD,
+            )
+            if similar is not None:
+                slot, goal_similarity, tool_similarity = similar
+                similar_id = lib.id_at[slot]
+                assert similar_id is not None
+                return CrystallizeResult(
+                    Outcome.NOT_NOVEL,
+                    threshold,
+                    similar_crystal_id=similar_id,
+                    goal_similarity=goal_similarity,
+                    tool_similarity=tool_similarity,
+                )
+            created_at = self.clock()
+            crystal_id = base = crystal_id_base(session_id, created_at)
+            suffix = 2
+            while crystal_id in lib.ids:
+                crystal_id, suffix = f"{base}-{suffix}", suffix + 1
+            crystal = dataclasses.replace(draft, crystal_id=crystal_id, created_at=created_at)
+            body = _crystal_body(crystal, lib.next_seq)
+            offset, size = self._append(lib, Record("crystal", body))
+            slot = lib.insert(body, offset, size)
+            evicted, end = self._evict(lib, lib.config.max_crystals, keep=slot)
+            journal = lib.journal
+            end = max(end, offset + size)
+            self._maybe_compact(lib)
+        assert journal is not None
+        journal.sync(end)  # after a compaction: at once (it synced this journal)
+        return CrystallizeResult(Outcome.CREATED, threshold, crystal=crystal, evicted=evicted)
+
+    def _evict(
+        self, lib: _Library, limit: int, *, keep: int | None = None
+    ) -> tuple[tuple[str, ...], int]:
+        """Evict the least effective crystals (lock held) until at most `limit` remain."""
+        evicted: list[str] = []
+        end = 0
+        while len(lib) > limit:
+            slot = lib.index.least_effective(keep)
+            if slot is None:
+                break
+            crystal_id = lib.id_at[slot]
+            assert crystal_id is not None
+            offset, size = self._append(lib, Record("delete", {"id": crystal_id, "why": "evict"}))
+            end = offset + size
+            lib.discard(crystal_id)
+            evicted.append(crystal_id)
+        return tuple(evicted), end
+
+    # -- reads --------------------------------------------------------------------
+
+    def query(
+        self, tenant: str, goal_text: str, top_k: int = DEFAULT_TOP_K
+    ) -> tuple[str, list[Match]]:
+        """(the generalized goal, the best matches, best first)."""
+        goal_text = _text(goal_text, "goal_text")
+        if top_k < 0 or top_k > MAX_TOP_K:
+            raise InvalidArgumentError(f"top_k must be between 1 and {MAX_TOP_K}")
+        top_k = top_k or DEFAULT_TOP_K
+        template = native.generalize_goal(goal_text)
+        tokens = native.tokenize(template)
+        lib = self._library(tenant, create=False)
+        if lib is None or not tokens:
+            return template, []
+        removals = lib.removals
+        hits = lib.index.top_k(tokens, top_k)  # without the lock: searches run in parallel
+        with lib.lock:
+            if lib.removals != removals:  # a slot may now hold another crystal
+                hits = lib.index.top_k(tokens, top_k)
+            crystals = [lib.read(slot) for slot, _, _ in hits]
+        return template, [
+            Match(crystal, similarity, score)
+            for crystal, (_, score, similarity) in zip(crystals, hits, strict=True)
+        ]
+
+    def get(self, tenant: str, crystal_id: str) -> Crystal:
+        validate_id(crystal_id, "crystal_id")
+        lib = self._library(tenant, create=False)
+        if lib is None:
+            raise NotFoundError(f"crystal {crystal_id!r} not found")
+        with lib.lock:
+            return lib.read(lib.slot_of(crystal_id))
+
+    def apply(self, tenant: str, crystal_id: str, context: str = "") -> str:
+        """The crystal as a few-shot prompt (the seed's format); `context` is not used."""
+        _text(context, "context", limit=1 << 20)
+        return format_prompt(self.get(tenant, crystal_id))
+
+    def list(
+        self, tenant: str, *, page_size: int = DEFAULT_PAGE_SIZE, page_token: str = ""
+    ) -> tuple[list[Crystal], str]:
+        """Crystals oldest first; the token carries the last one's sequence number."""
+        if page_size < 0:
+            raise InvalidArgumentError("page_size must not be negative")
+        page_size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        after = decode_page_token(page_token)
+        lib = self._library(tenant, create=False)
+        if lib is None:
+            return [], ""
+        page: list[Crystal] = []
+        with lib.lock:
+            i = bisect.bisect_right(lib.listed_seq, after)
+            last = after
+            while i < len(lib.listed_seq):
+                seq, slot = lib.listed_seq[i], lib.listed_slot[i]
+                i += 1
+                if lib.seq_at[slot] != seq:
+                    continue  # removed
+                if len(page) == page_size:
+                    return page, encode_page_token(last)
+                page.append(lib.read(slot))
+                last = seq
+        return page, ""
+
+    def stats(self, tenant: str) -> Stats:
+        lib = self._library(tenant, create=False)
+        if lib is None:
+            return Stats(0, 0, 0, 0.0, DEFAULT_MAX_CRYSTALS, 0, 0)
+        with lib.lock:
+            count, effective, reuses, total = lib.index.stats(EFFECTIVE_THRESHOLD)
+            return Stats(
+                total_crystals=count,
+                effective_crystals=effective,
+                total_reuses=reuses,
+                avg_effectiveness=total / count if count else 0.0,
+                max_crystals=lib.config.max_crystals,
+                memory_bytes=lib.memory_bytes(),
+                journal_bytes=lib.journal.size if lib.journal is not None else 0,
+            )
+
+    def config(self, tenant: str) -> LibraryConfig:
+        lib = self._library(tenant, create=False)
+        return lib.config if lib is not None else LibraryConfig()
+
+    # -- writes ---------------------------------------------------------------------
+
+    def record_reuse(self, tenant: str, crystal_id: str, success: bool) -> Crystal:
+        validate_id(crystal_id, "crystal_id")
+        lib = self._library(tenant, create=False)
+        if lib is None:
+            raise NotFoundError(f"crystal {crystal_id!r} not found")
+        with lib.lock:
+            slot = lib.slot_of(crystal_id)
+            self._check_writable(lib)
+            reuse_count = lib.reuses_at[slot] + 1
+            effectiveness = running_average(
+                lib.effectiveness_at[slot], lib.reuses_at[slot], success
+            )
+            record = Record(
+                "reuse",
+                {
+                    "id": crystal_id,
+                    "success": bool(success),
+                    "effectiveness": effectiveness,
+                    "reuse_count": reuse_count,
+                },
+            )
+            offset, size = self._append(lib, record)
+            lib.set_reuse(slot, effectiveness, reuse_count)
+            crystal = lib.read(slot)
+            journal = lib.journal
+            self._maybe_compact(lib)
+        assert journal is not None
+        journal.sync(offset + size)
+        return crystal
+
+    def delete(self, tenant: str, crystal_id: str) -> None:
+        validate_id(crystal_id, "crystal_id")
+        lib = self._library(tenant, create=False)
+        if lib is None:
+            raise NotFoundError(f"crystal {crystal_id!r} not found")
+        with lib.lock:
+            lib.slot_of(crystal_id)
+            self._check_writable(lib)
+            offset, size = self._append(lib, Record("delete", {"id": crystal_id, "why": "delete"}))
+            lib.discard(crystal_id)
+            journal = lib.journal
+            self._maybe_compact(lib)
+        assert journal is not None
+        journal.sync(offset + size)
+
+    def set_config(
+        self,
+        tenant: str,
+        *,
+        max_crystals: int | None = None,
+        min_success_score: float | None = None,
+    ) -> tuple[LibraryConfig, int]:
+        """Change the library's limits; (the new config, how many crystals were evicted)."""
+        if max_crystals is not None and not 1 <= max_crystals <= MAX_CRYSTALS_LIMIT:
+            raise InvalidArgumentError(
+                f"max_crystals must be between 1 and {MAX_CRYSTALS_LIMIT}, got {max_crystals}"
+            )
+        if min_success_score is not None:
+            min_success_score = _unit(min_success_score, "min_success_score")
+        lib = self._writable(tenant)
+        with lib.lock:
+            self._check_writable(lib)
+            old = lib.config
+            config = LibraryConfig(
+                old.max_crystals if max_crystals is None else max_crystals,
+                old.min_success_score if min_success_score is None else min_success_score,
+            )
+            offset, size = self._append(lib, self._config_record(lib, config))
+            lib.config = config
+            evicted, end = self._evict(lib, config.max_crystals)
+            journal = lib.journal
+            end = max(end, offset + size)
+            self._maybe_compact(lib)
+        assert journal is not None
+        journal.sync(end)
+        return config, len(evicted)
+
+    @staticmethod
+    def _config_record(lib: _Library, config: LibraryConfig) -> Record:
+        return Record(
+            "config",
+            {
+                "max_crystals": config.max_crystals,
+                "min_success_score": config.min_success_score,
+                "next_seq": lib.next_seq,
+            },
+        )
+
+    # -- compaction ------------------------------------------------------------------
+
+    def _maybe_compact(self, lib: _Library) -> None:
+        """Rewrite the journal once it is twice what the live crystals need (lock held)."""
+        journal = lib.journal
+        if journal is None or self._closed:
+            return
+        needed = lib.live_bytes + 128 * lib.reused + 256
+        if journal.size <= max(self.compact_min_bytes, 2 * needed):
+            return
+        try:
+            self.compact(lib)
+        except (OSError, StratadError):
+            # The mutation that got here is journaled: it must not fail. The
+            # old journal stays in use; the next mutation tries again.
+            log.exception("compacting the crystal journal of tenant %r failed", lib.tenant)
+
+    def compact(self, lib: _Library) -> None:
+        """Rewrite `lib`'s journal with only what its live crystals need (lock held)."""
+        old = lib.journal
+        assert old is not None
+        old.sync_now()  # writers still waiting on `old` find their records synced
+        path = lib.root / JOURNAL
+        new_offsets = array("q", lib.offset_at)
+        with mmap.mmap(lib.read_fd, 0, access=mmap.ACCESS_READ) as mapped:
+            journal_mod.rewrite(path, self._live_records(lib, mapped, new_offsets))
+        lib.offset_at = new_offsets
+        lib.journal = self.store.open_journal(path)
+        old_fd, lib.read_fd = lib.read_fd, os.open(path, os.O_RDONLY)
+        os.close(old_fd)
+        old.close()
+        if lib.listed_holes:
+            lib._trim_listing()
+        log.info(
+            "compacted the crystal journal of tenant %r: %d crystals, %d bytes",
+            lib.tenant,
+            len(lib),
+            lib.journal.size,
+        )
+
+    def _live_records(
+        self, lib: _Library, mapped: mmap.mmap, new_offsets: array[int]
+    ) -> Iterator[Record]:
+        """The compacted journal's records; fills `new_offsets` as it goes."""
+        pos = 0
+        header = _Encoded(self._config_record(lib, lib.config).encode())
+        pos += len(header.data)
+        yield header
+        live = [
+            (seq, slot)
+            for seq, slot in zip(lib.listed_seq, lib.listed_slot, strict=True)
+            if lib.seq_at[slot] == seq
+        ]
+        for _, slot in live:
+            offset, size = lib.offset_at[slot], lib.size_at[slot]
+            data = mapped[offset : offset + size]
+            new_offsets[slot] = pos
+            pos += size
+            yield _Encoded(data)
+        for _, slot in live:
+            if lib.reuses_at[slot]:
+                body = {
+                    "id": lib.id_at[slot],
+                    "effectiveness": lib.effectiveness_at[slot],
+                    "reuse_count": lib.reuses_at[slot],
+                }
+                yield Record("reuse", body)
+
+
+def _records(data: bytes) -> Iterator[tuple[Record, int, int]]:
+    """(record, start, end) of every valid record from the start of `data`."""
+    pos = 0
+    while pos < len(data):
+        found = journal_mod._read_record(data, pos)
+        if found is None:
+            return
+        record, end = found
+        yield record, pos, end
+        pos = end
+
+
+__all__ = [
+    "DEFAULT_MAX_CRYSTALS",
+    "DEFAULT_MIN_SUCCESS_SCORE",
+    "GOAL_SIMILARITY_THRESHOLD",
+    "MAX_CRYSTALS_LIMIT",
+    "TOOL_SIMILARITY_THRESHOLD",
+    "Crystal",
+    "CrystalLibraries",
+    "CrystallizeResult",
+    "ErrorPattern",
+    "LibraryConfig",
+    "Match",
+    "Outcome",
+    "Stats",
+    "TraceStep",
+    "extract",
+    "format_prompt",
+    "running_average",
+]
