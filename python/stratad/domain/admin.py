@@ -60,6 +60,15 @@ class StoreStats:
         return self.unique_bytes / objects if objects else 1.0
 
 
+def roots(cp: Checkpoint) -> list[tuple[str, str]]:
+    """The root objects a checkpoint holds: its state's and its structured state's."""
+    found = [(cp.root, cp.root_kind)] if cp.root_kind != ROOT_EMPTY and cp.root else []
+    ref = cp.structured
+    if ref and ref.get("root"):
+        found.append((ref["root"], ref["root_kind"]))
+    return found
+
+
 class Admin:
     def __init__(self, sessions: SessionManager) -> None:
         self.sessions = sessions
@@ -92,8 +101,9 @@ class Admin:
         try:
             marked: set[str] = set()
             for _, cp in self._checkpoints(store):
-                if cp.root and cp.root not in marked:
-                    marked |= store.closure(cp.root, cp.root_kind)
+                for root, kind in roots(cp):
+                    if root not in marked:
+                        marked |= store.closure(root, kind)
             for digest in store.objects.digests():
                 if digest in marked:
                     report.objects_kept += 1
@@ -142,18 +152,23 @@ class Admin:
     ) -> None:
         """Find the sessions whose checkpoints reach a corrupt or missing object."""
         for live, cp in self._checkpoints(store):
-            if cp.root_kind == ROOT_EMPTY:
-                continue
-            try:
-                reached = store.closure(cp.root, cp.root_kind)
-            except DataLossError as exc:
-                reached = {cp.root}
-                bad.setdefault(cp.root, CorruptObject(store.name, cp.root, str(exc)))
-            for digest in reached:
-                if digest not in bad and not store.objects.has(digest):
-                    bad[digest] = CorruptObject(store.name, digest, "missing")
-                if digest in bad and live.state.session_id not in bad[digest].sessions:
-                    bad[digest].sessions.append(live.state.session_id)
+            for root, kind in roots(cp):
+                self._attribute_root(store, live, root, kind, bad)
+
+    def _attribute_root(
+        self, store: TenantStore, live: LiveSession, root: str, kind: str,
+        bad: dict[str, CorruptObject],
+    ) -> None:  # fmt: skip
+        try:
+            reached = store.closure(root, kind)
+        except DataLossError as exc:
+            reached = {root}
+            bad.setdefault(root, CorruptObject(store.name, root, str(exc)))
+        for digest in reached:
+            if digest not in bad and not store.objects.has(digest):
+                bad[digest] = CorruptObject(store.name, digest, "missing")
+            if digest in bad and live.state.session_id not in bad[digest].sessions:
+                bad[digest].sessions.append(live.state.session_id)
 
     # -- statistics ------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ digest on arrival; the state digest is verified whenever the state is loaded.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import json
@@ -246,6 +245,8 @@ class Checkpoints:
         checkpoint_id = self._new_checkpoint_id(live, inp.checkpoint_id)
         parent = self._parent(live, inp)
         inline = live.tenant.commit_objects(stored, live.owner)
+        structured, structured_inline = capture_structured(live)
+        inline += structured_inline
         checkpoint = Checkpoint(
             checkpoint_id=checkpoint_id,
             session_id=live.state.session_id,
@@ -261,7 +262,7 @@ class Checkpoints:
             root=stored.root,
             root_kind=stored.root_kind,
             stored_bytes=sum(len(frame) for _, frame in inline),
-            structured=copy.deepcopy(live.state.structured) if live.state.structured else {},
+            structured=structured,
         )
         dropped = retention_drops(live, at, keep=checkpoint_id)
         mutation = save_mutation(checkpoint, version, at, inline, dropped)
@@ -356,6 +357,7 @@ class Checkpoints:
             head = live.state.head_checkpoint
             if head is None:
                 raise FailedPreconditionError(f"session {session_id!r} has no saved state yet")
+            structured, inline = capture_structured(live)
             cp = dataclasses.replace(
                 head,
                 checkpoint_id=self._new_checkpoint_id(live, checkpoint_id),
@@ -364,12 +366,12 @@ class Checkpoints:
                 name=name or f"checkpoint-{version}",
                 metadata={**head.metadata, **(metadata or {})},
                 created_at=at,
-                stored_bytes=0,
-                structured=copy.deepcopy(live.state.structured),
+                stored_bytes=sum(len(frame) for _, frame in inline),
+                structured=structured,
                 writes=[],  # pending writes belong to the head, not to its pinned copy
             )
             touch_for_gc(live, cp)
-            return save_mutation(cp, version, at, [], [])
+            return save_mutation(cp, version, at, inline, [])
 
         result: SaveResult = self.sessions.mutate(tenant, session_id, expected_version, build)
         return result.checkpoint
@@ -385,11 +387,13 @@ class Checkpoints:
             raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
         data = self._read(live, cp)  # verify before moving the head to it
         if make_current:
+            structured = load_structured(live, cp)
 
             def build(live: LiveSession, version: int, at: float) -> Mutation:
                 if checkpoint_id not in live.state.checkpoints:
                     raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
                 body = {"v": version, "at": at, "checkpoint_id": checkpoint_id}
+                body["structured"] = structured
                 event = SessionEvent(version, "head", at, checkpoint_id=checkpoint_id)
                 return Mutation(Record("head", body), event)
 
@@ -422,6 +426,7 @@ class Checkpoints:
             if src is None:
                 raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
             keep_last, max_age = source.state.keep_last, source.state.max_age_seconds
+        structured = load_structured(source, src)
 
         def initial(live: LiveSession, version: int, at: float) -> Mutation:
             cp = dataclasses.replace(
@@ -435,7 +440,9 @@ class Checkpoints:
                 metadata={**src.metadata},
             )
             touch_for_gc(live, cp)
-            return save_mutation(cp, version, at, [], [], forked_from=checkpoint_id)
+            mutation = save_mutation(cp, version, at, [], [], forked_from=checkpoint_id)
+            mutation.record.body["structured"] = structured
+            return mutation
 
         return self.sessions.create(
             tenant, new_session_id, labels=labels, keep_last=keep_last,
@@ -558,13 +565,55 @@ def save_mutation(
     ))  # fmt: skip
 
 
+def capture_structured(live: LiveSession) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """Store the session's structured state for a new checkpoint: (reference, new objects).
+
+    The state is serialized canonically and stored like any state: chunked,
+    deduplicated against the previous capture (a delta manifest), so a growing
+    decision log costs its new entries, not its whole size, per checkpoint.
+    Unchanged since the last capture (nothing but saves in between): reused.
+    """
+    if not live.state.structured:
+        return {}, []
+    if not live.structured_dirty and live.structured_ref:
+        return dict(live.structured_ref), []
+    data = json.dumps(live.state.structured, sort_keys=True, separators=(",", ":")).encode()
+    digest = native.digest_hex(data)
+    base = live.structured_ref
+    if base.get("digest") == digest:
+        ref: dict[str, Any] = dict(base)
+        inline: list[tuple[str, bytes]] = []
+    else:
+        stored = live.tenant.prepare(data, (base["root"], base["root_kind"]) if base else None)
+        inline = live.tenant.commit_objects(stored, live.owner)
+        ref = {"root": stored.root, "root_kind": stored.root_kind, "size": len(data)}
+        ref["digest"] = digest
+    live.structured_ref, live.structured_dirty = ref, False
+    return dict(ref), inline
+
+
+def load_structured(live: LiveSession, cp: Checkpoint) -> dict[str, Any]:
+    """The structured state a checkpoint captured (verified like any state)."""
+    ref = cp.structured
+    if not ref:
+        return {}
+    data = live.tenant.read(ref["root"], ref["root_kind"], ref["size"], ref["digest"])
+    loaded: dict[str, Any] = json.loads(data)
+    return loaded
+
+
+def structured_closure(live: LiveSession, cp: Checkpoint) -> set[str]:
+    ref = cp.structured
+    return live.tenant.closure(ref["root"], ref["root_kind"]) if ref else set()
+
+
 def touch_for_gc(live: LiveSession, cp: Checkpoint) -> None:
     """A new checkpoint sharing existing objects: protect them from a running GC."""
     tenant = live.tenant
     with tenant.gc_lock:
         if tenant.gc_touched is None:
             return
-        closure = tenant.closure(cp.root, cp.root_kind)
+        closure = tenant.closure(cp.root, cp.root_kind) | structured_closure(live, cp)
         gone = [d for d in closure if not tenant.objects.has(d)]
         if gone:
             raise FailedPreconditionError(f"object {gone[0]} of the source was collected")

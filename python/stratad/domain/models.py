@@ -41,6 +41,10 @@ class Checkpoint:
     root: str
     root_kind: str
     stored_bytes: int = 0
+    #: Where the session's structured state (cognitive, tasks, agent) at this
+    #: checkpoint is stored: {"root", "root_kind", "size", "digest"} of its
+    #: canonical JSON, chunked and deduplicated like a state; {} when empty.
+    #: Not the state itself: it can be megabytes, and checkpoints are many.
     structured: dict[str, Any] = field(default_factory=dict)
     #: Pending writes attached to this checkpoint (domain/writes.py), JSON-ready.
     writes: list[dict[str, Any]] = field(default_factory=list)
@@ -131,7 +135,8 @@ def _apply_save(state: SessionState, body: dict[str, Any]) -> None:
     forked_from = body.get("detail", {}).get("forked_from")
     if forked_from:
         state.forked_from = forked_from
-        state.structured = copy.deepcopy(checkpoint.structured)
+    if "structured" in body:  # the builder read it from the checkpoint's objects
+        state.structured = copy.deepcopy(body["structured"])
     for dropped in body.get("dropped", ()):
         state.checkpoints.pop(dropped, None)
 
@@ -145,9 +150,8 @@ def _apply_status(state: SessionState, body: dict[str, Any]) -> None:
 def _apply_head(state: SessionState, body: dict[str, Any]) -> None:
     """RestoreCheckpoint(make_current): the checkpoint's state becomes current again."""
     state.head = body["checkpoint_id"]
-    checkpoint = state.checkpoints.get(state.head)
-    if checkpoint is not None:
-        state.structured = copy.deepcopy(checkpoint.structured)
+    if "structured" in body:  # the builder read it from the checkpoint's objects
+        state.structured = copy.deepcopy(body["structured"])
 
 
 @reducer("delete_checkpoint")

@@ -60,6 +60,10 @@ class LiveSession:
     damaged: str = ""
     deleted: bool = False
     snapshot_bytes: int = 0
+    #: The last capture of the structured state into objects (see
+    #: checkpoints.capture_structured), and whether it changed since.
+    structured_ref: dict[str, Any] = field(default_factory=dict)
+    structured_dirty: bool = True
     #: Client-given checkpoint IDs reserved by the mutation being built.
     claimed: set[str] = field(default_factory=set)
 
@@ -391,6 +395,8 @@ class SessionManager:
                 raise
             live.claimed.clear()  # journaled: the claimed IDs stay in the index
             apply(live.state, mutation.record.kind, mutation.record.body)
+            if mutation.record.kind != "save" or "structured" in mutation.record.body:
+                live.structured_dirty = True  # conservative: only plain saves leave it
             self._reindex(live, mutation.record)
             live.history.append(mutation.event)
             if journal.size > max(self.compact_min_bytes, 4 * live.snapshot_bytes):
