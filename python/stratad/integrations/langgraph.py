@@ -29,12 +29,14 @@ Both the blocking methods (a `stratad.Client`) and the async ones (an
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import json
 import random
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -146,6 +148,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
         self._own_async = async_client is None
         self._async_loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._landed = _Landed()
 
     # -- clients -----------------------------------------------------------------------
 
@@ -420,13 +423,16 @@ class StratadSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         request, stored = self._save_request(config, checkpoint, metadata)
         thread_id, _ = _thread_of(config)
+        self._landed.starting(request.checkpoint_id)
         for _ in range(3):
             try:
                 self.client.save(request)
-                return stored
+                break
             except NotFoundError as exc:
                 self._on_save_not_found(exc, request, thread_id)
-        self.client.save(request)
+        else:
+            self.client.save(request)
+        self._landed.landed(request.checkpoint_id)
         return stored
 
     def _on_save_not_found(
@@ -450,7 +456,17 @@ class StratadSaver(BaseCheckpointSaver[str]):
         if not writes:
             return
         request = self._writes_request(config, writes, task_id, task_path)
-        self.client.call(self.client.checkpoints.PutWrites, request)
+        key = request.checkpoint_id
+        if self._landed.in_flight(key):
+            self._landed.wait(key, self.timeout)
+        try:
+            self.client.call(self.client.checkpoints.PutWrites, request)
+        except NotFoundError:
+            # With durability "async" LangGraph may send a checkpoint's writes
+            # before that checkpoint's put ran: wait for it, then try again.
+            if not self._landed.wait(key, self.timeout):
+                raise
+            self.client.call(self.client.checkpoints.PutWrites, request)
 
     def delete_thread(self, thread_id: str) -> None:
         with contextlib.suppress(NotFoundError):
@@ -581,6 +597,19 @@ class StratadSaver(BaseCheckpointSaver[str]):
         request, stored = self._save_request(config, checkpoint, metadata)
         thread_id, _ = _thread_of(config)
         client = self._aclient()
+        self._landed.starting(request.checkpoint_id)
+        try:
+            return await self._aput(client, request, stored, thread_id)
+        finally:
+            self._landed.landed(request.checkpoint_id)
+
+    async def _aput(
+        self,
+        client: AsyncClient,
+        request: checkpoint_pb2.SaveStateRequest,
+        stored: RunnableConfig,
+        thread_id: str,
+    ) -> RunnableConfig:
         for _ in range(3):
             try:
                 await client.save(request)
@@ -609,7 +638,15 @@ class StratadSaver(BaseCheckpointSaver[str]):
             return
         client = self._aclient()
         request = self._writes_request(config, writes, task_id, task_path)
-        await client.call(client.checkpoints.PutWrites, request)
+        key = request.checkpoint_id
+        if self._landed.in_flight(key):
+            await self._landed.await_landed(key, self.timeout)
+        try:
+            await client.call(client.checkpoints.PutWrites, request)
+        except NotFoundError:
+            if not await self._landed.await_landed(key, self.timeout):
+                raise
+            await client.call(client.checkpoints.PutWrites, request)
 
     async def adelete_thread(self, thread_id: str) -> None:
         with contextlib.suppress(NotFoundError):
@@ -685,3 +722,53 @@ def _delete_requests(run_ids: Sequence[str]) -> Iterator[checkpoint_pb2.DeleteCh
     for start in range(0, len(ids), _FILTERS_PER_CALL):
         chunk = ids[start : start + _FILTERS_PER_CALL]
         yield delete_checkpoints_request([{"run_id": r} for r in chunk])
+
+
+class _Landed:
+    """The checkpoints this saver is saving or has saved (the most recent ones).
+
+    LangGraph's default durability ("async") runs `put` and `put_writes` in
+    the background without ordering them, so the writes of a checkpoint may
+    reach the daemon before the checkpoint does. `put_writes` waits here for
+    the put of its checkpoint instead of failing.
+    """
+
+    KEEP = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: collections.OrderedDict[str, threading.Event] = collections.OrderedDict()
+
+    def _event(self, key: str) -> threading.Event:
+        with self._lock:
+            event = self._events.get(key)
+            if event is None:
+                event = self._events[key] = threading.Event()
+                while len(self._events) > self.KEEP:
+                    self._events.popitem(last=False)
+            return event
+
+    def starting(self, key: str) -> None:
+        self._event(key)
+
+    def landed(self, key: str) -> None:
+        self._event(key).set()
+
+    def in_flight(self, key: str) -> bool:
+        with self._lock:
+            event = self._events.get(key)
+        return event is not None and not event.is_set()
+
+    def wait(self, key: str, timeout: float) -> bool:
+        return self._event(key).wait(timeout)
+
+    async def await_landed(self, key: str, timeout: float) -> bool:
+        event = self._event(key)
+        deadline = time.monotonic() + timeout
+        delay = 0.001
+        while not event.is_set():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return True
