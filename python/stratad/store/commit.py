@@ -47,6 +47,7 @@ class GroupCommitter:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._queue: list[_Waiter] = []
+        self._committing = False
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="stratad-commit", daemon=True)
         self._thread.start()
@@ -54,6 +55,13 @@ class GroupCommitter:
     async def wait(self, points: Sequence[SyncPoint]) -> None:
         """Return once every point is durable (raises what the fsync raised)."""
         if not points:
+            return
+        if self._idle():
+            # Nobody else is committing: fsync right here. A lone writer (an
+            # agent saving step after step) then pays for the fsync alone, not
+            # for two thread hand-offs on top; under concurrency the committer
+            # is busy and batches as below.
+            sync_all(points)
             return
         loop = asyncio.get_running_loop()
         waiter = _Waiter(points, loop.create_future(), loop)
@@ -72,7 +80,12 @@ class GroupCommitter:
                 if not self._queue and self._stopped:
                     return
                 batch, self._queue = self._queue, []
-            self._commit(batch)
+                self._committing = True
+            try:
+                self._commit(batch)
+            finally:
+                with self._cond:
+                    self._committing = False
 
     def _commit(self, batch: list[_Waiter]) -> None:
         error: BaseException | None = None
@@ -86,6 +99,10 @@ class GroupCommitter:
         for loop, waiters in by_loop.items():
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_resolve(waiters, error))
+
+    def _idle(self) -> bool:
+        with self._cond:
+            return not self._committing and not self._queue
 
     def stop(self) -> None:
         with self._cond:
