@@ -403,3 +403,58 @@ def test_everything_replays_after_a_restart(start_api: Any, tmp_path: Any, compa
     again.fails(again.checkpoints.SaveState, checkpoint_pb2.SaveStateRequest(
         session_id="s", data=b"x", checkpoint_id="t3"), EXISTS)  # fmt: skip
     again.save("s", b"x", checkpoint_id="c1")
+
+
+# -- ListCheckpoints metadata filter (LangGraph's `list(filter=...)`) -------------------
+
+
+def test_list_metadata_filter_needs_the_field_and_keeps_bools_apart(api: Api) -> None:
+    api.create("m")
+    api.save("m", b"a", checkpoint_id="a", metadata=struct({"step": 1, "flag": None}))
+    api.save("m", b"b", checkpoint_id="b", metadata=struct({"step": True, "src": "loop"}))
+    api.save("m", b"c", checkpoint_id="c", metadata=struct({"step": 1.0, "src": "loop"}))
+
+    def ids(flt: dict[str, Any]) -> list[str]:
+        return [c.checkpoint_id for c in listed(api, "m", metadata_filter=struct(flt))]
+
+    assert ids({"step": 1}) == ["c", "a"]  # Struct numbers are doubles: 1 == 1.0
+    assert ids({"step": True}) == ["b"]
+    assert ids({"flag": None}) == ["a"]  # null matches null, not a missing field
+    assert ids({"src": "loop", "step": 1}) == ["c"]
+    assert ids({"src": "input"}) == []
+
+
+# -- the SDK ---------------------------------------------------------------------------
+
+
+def test_sdk_methods_sync_and_async(api: Api, s: str) -> None:
+    import asyncio
+
+    import stratad
+
+    with stratad.Client(api.target) as client:
+        assert client.put_writes("s", "c2", "t", [(0, "ch", "bytes", b"v")]).stored == 1
+        loaded = client.load_state_with_writes("s", "c2")
+        assert [w.value for w in loaded.checkpoint.pending_writes] == [b"v"]
+        copied = client.copy_session("s", "s-copy", checkpoint_ids={"c2": "c2c"})
+        assert copied.checkpoint_ids["c2"] == "c2c"
+        assert client.prune_checkpoints(["s-copy"]).checkpoints_deleted == 1
+        assert (
+            client.delete_checkpoints([{"run_id": "r1"}], session_id="s").checkpoints_deleted == 1
+        )
+        with pytest.raises(ValueError, match="strategy"):
+            client.prune_checkpoints(["s"], "newest")
+
+    async def run() -> None:
+        async with stratad.AsyncClient(api.target) as client:
+            response = await client.put_writes("s", "c2", "t2", [(-1, "err", "str", b"x")])
+            assert response.stored == 1
+            loaded = await client.load_state_with_writes("s")
+            assert len(loaded.checkpoint.pending_writes) == 2
+            await client.copy_session("s", "s-async")
+            deleted = await client.prune_checkpoints(["s-async"], "delete")
+            assert deleted.checkpoints_deleted == 1
+            gone = await client.delete_checkpoints([{"run_id": "r2"}])
+            assert list(gone.session_ids) == ["s", "s-copy"]  # c2 and its copy
+
+    asyncio.run(run())

@@ -480,7 +480,7 @@ class Checkpoints:
             c
             for c in newest_first
             if (namespace is None or c.namespace == namespace)
-            and all(c.metadata.get(k) == v for k, v in (metadata or {}).items())
+            and metadata_matches(c.metadata, metadata or {})
         ]
         if page_token:
             # The token is the creation version of the last checkpoint listed:
@@ -618,6 +618,22 @@ def touch_for_gc(live: LiveSession, cp: Checkpoint) -> None:
         if gone:
             raise FailedPreconditionError(f"object {gone[0]} of the source was collected")
         tenant.gc_touched.update(closure)
+
+
+def metadata_matches(metadata: dict[str, Any], flt: dict[str, Any]) -> bool:
+    """True when `metadata` has every field of `flt` with an equal value.
+
+    A filter field must be present (a null filter value matches a null value,
+    not a missing field), and a boolean matches only a boolean: JSON and
+    protobuf Struct cannot tell 1 from 1.0, but Python's `1 == True` would.
+    """
+    return all(k in metadata and _same_value(metadata[k], v) for k, v in flt.items())
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
 
 
 def validate_namespace(namespace: str) -> None:

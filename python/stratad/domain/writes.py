@@ -32,7 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stratad.domain.checkpoints import latest, touch_for_gc, validate_metadata, validate_namespace
+from stratad.domain.checkpoints import (
+    latest,
+    metadata_matches,
+    touch_for_gc,
+    validate_metadata,
+    validate_namespace,
+)
 from stratad.domain.events import SessionEvent
 from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import Checkpoint, SessionState, SessionStatus, reducer
@@ -131,18 +137,6 @@ def _decode(value: str) -> bytes:
 
 def _writes_size(writes: list[dict[str, Any]]) -> int:
     return sum(w["size"] for w in writes)
-
-
-def metadata_matches(metadata: dict[str, Any], flt: dict[str, Any]) -> bool:
-    """True when `metadata` has every field of `flt` with an equal value."""
-    return all(k in metadata and _same(metadata[k], v) for k, v in flt.items())
-
-
-def _same(a: Any, b: Any) -> bool:
-    # JSON (and protobuf Struct) cannot tell 1 from 1.0; Python's 1 == True can.
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
 
 
 def _check_text(value: str, what: str, limit: int = MAX_TEXT, *, required: bool = True) -> None:
