@@ -642,6 +642,25 @@ def test_compaction_keeps_everything(open_libs: Open, clock: Clock) -> None:
     assert again.list(T)[0] == before
 
 
+def test_streaming_replay_and_compaction_release_pages(
+    open_libs: Open, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stratad.domain.crystals as dc
+
+    monkeypatch.setattr(dc, "_RELEASE_BYTES", 4096)  # release after every page or so
+    libs = open_libs(compact_min_bytes=4096)
+    made = []
+    for i in range(60):
+        made.append(create(libs, f"stream goal{i}", (f"t{i}",)))
+        clock.tick()
+    for c in made[::2]:
+        libs.delete(T, c.crystal_id)  # compactions stream through the old journal
+    before = libs.list(T)[0]
+    again = reopen(libs, open_libs, compact_min_bytes=4096)
+    assert again.list(T)[0] == before
+    assert [c.crystal_id for c in before] == [c.crystal_id for c in made[1::2]]
+
+
 def test_torn_tail_is_cut(libs: CrystalLibraries, open_libs: Open) -> None:
     c = create(libs, "torn tail goal")
     path = libs.store.tenants_root / T / "crystals" / JOURNAL

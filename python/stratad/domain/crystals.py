@@ -539,10 +539,12 @@ class CrystalLibraries:
             if size:
                 with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                     data = cast(bytes, mapped)
+                    released = 0
                     try:
                         for record, start, stop in _records(data):
                             self._apply(lib, record, start, stop - start)
                             end = stop
+                            released = _release(mapped, released, end)
                     except (KeyError, TypeError, ValueError, DataLossError) as exc:
                         log.error("bad crystal journal record at byte %d: %s", end, exc)
                     else:
@@ -944,11 +946,13 @@ class CrystalLibraries:
             for seq, slot in zip(lib.listed_seq, lib.listed_slot, strict=True)
             if lib.seq_at[slot] == seq
         ]
+        released = 0
         for _, slot in live:
             offset, size = lib.offset_at[slot], lib.size_at[slot]
             data = mapped[offset : offset + size]
             new_offsets[slot] = pos
             pos += size
+            released = _release(mapped, released, offset)
             yield _Encoded(data)
         for _, slot in live:
             if lib.reuses_at[slot]:
@@ -958,6 +962,22 @@ class CrystalLibraries:
                     "reuse_count": lib.reuses_at[slot],
                 }
                 yield Record("reuse", body)
+
+
+#: While streaming through a mapped journal, the pages already read are released
+#: (they stay in the page cache) every this many bytes, so that replaying or
+#: compacting a large journal does not hold all of it in the daemon's memory.
+_RELEASE_BYTES = 64 << 20
+
+
+def _release(mapped: mmap.mmap, released: int, upto: int) -> int:
+    """Drop the mapped pages in [released, upto) once there are enough; return the new mark."""
+    if upto - released < _RELEASE_BYTES:
+        return released
+    end = upto - upto % mmap.PAGESIZE
+    with contextlib.suppress(OSError, ValueError):
+        mapped.madvise(mmap.MADV_DONTNEED, released, end - released)
+    return end
 
 
 def _records(data: bytes) -> Iterator[tuple[Record, int, int]]:
