@@ -367,6 +367,77 @@ def targets(growing: Sequence[GrowingResult], conc: Sequence[ConcurrencyResult])
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------
+# (c) where a sequential save's time goes
+# --------------------------------------------------------------------------
+
+SMALL = b"y" * 3000
+
+
+def _per_call(fn: Callable[[], object], n: int) -> float:
+    for _ in range(n // 10):
+        fn()
+    started = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - started) / n
+
+
+def bench_breakdown(n: int) -> list[tuple[str, float]]:
+    """Sequential 3 KB calls: transport, a trivial RPC, a save without and with fsync."""
+    rows = []
+    with echo_server() as echo, grpc.insecure_channel(echo) as channel:
+        call = channel.unary_unary("/bench.Echo/Unary")
+        rows.append(("echo server, unary call (transport only)", _per_call(lambda: call(SMALL), n)))
+    for durability in ("none", "fsync"):
+        with tempfile.TemporaryDirectory() as tmp:
+            extra = ("--durability", durability)
+            with daemon(Path(tmp) / "data", *extra) as address, stratad.Client(address) as c:
+                c.create_session("s")
+                if durability == "none":
+                    rows.append(("stratad GetSession (a trivial RPC)", _per_call(
+                        lambda: c.get_session("s"), n)))  # fmt: skip
+                rows.append((f"stratad SaveState, durability {durability}", _per_call(
+                    lambda: c.save_state("s", SMALL), n)))  # fmt: skip
+    return rows
+
+
+def breakdown_table(rows: Sequence[tuple[str, float]]) -> str:
+    return markdown_table(
+        ["sequential 3 KB call", "mean per call"],
+        [[name, f"{seconds * 1e3:.2f} ms"] for name, seconds in rows],
+    )
+
+
+EXPLANATION = """Why checkpoints/s at 500 steps is below SqliteSaver's, and what would close it:
+
+- SqliteSaver runs inside the agent's process; stratad is a separate process
+  behind gRPC. The breakdown above is the profile: a bare Python gRPC call
+  costs about 0.5 ms here, a trivial stratad RPC (interceptors, servicer)
+  about 0.9 ms, and a save adds its fsync (about 0.3 ms, the same fsync
+  SqliteSaver's WAL commit pays); a 500-step state adds client-side
+  chunking and hashing of ~130 KB and the daemon's frame checks. The storage
+  engine itself, called in-process (the "stratad engine" rows), keeps up with
+  SqliteSaver at 500 steps and is about 2x faster at 2,000, while storing
+  30-190x fewer bytes. Across runs on this shared machine the gRPC path
+  measured 0.34-0.6x SqliteSaver at 500 steps and 0.6-0.9x at 2,000.
+- Already done to get here: client-side chunking (only new chunks travel,
+  frames verified on arrival), objects kept off the save path (the journal
+  carries them; files are written and synced in the background with one
+  syncfs), saves journaled on the event loop with group commit, and a 0.5 ms
+  GIL switch interval (a fsync'd save fell from 3.6 ms to 1.3 ms).
+- Plan: the remaining per-call cost is Python gRPC and the interceptor chain.
+  Moving the interceptors' work into one (metrics + logging + errors) and
+  serving the hot RPCs from a native gRPC server (tonic, in the Rust core)
+  would take the transport to the echo floor or below; for agents that can
+  pipeline, SaveStates already runs 2-4x unary.
+- The unary-vs-echo target (0.6x) misses for the same reason: each save costs
+  the event loop about three times an echo call's CPU. Streaming batches the
+  saves that have arrived into one group commit (one fsync per session per
+  batch) and measured 2.2-4x unary across runs, around its 3x target.
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes; do not update the doc")
@@ -377,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     growing = bench_growing(steps)
     print("(b) 16 concurrent clients, 8 KB states", flush=True)
     conc = bench_concurrency(per_client)
+    print("(c) sequential 3 KB calls", flush=True)
+    breakdown = bench_breakdown(100 if args.quick else 1000)
     section = "\n".join([
         HEADING, "",
         f"Command: `python bench/checkpoints.py`. Measured {machine_facts()}.",
@@ -389,8 +462,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Streams keep {WINDOW} requests in flight each. The echo server answers 64 bytes",
         "with no work: it is the ceiling of Python gRPC on this machine.", "",
         concurrency_table(conc), "",
+        "### (c) Where a sequential save's time goes", "",
+        breakdown_table(breakdown), "",
         "### Targets", "",
         targets(growing, conc), "",
+        EXPLANATION,
     ])  # fmt: skip
     print(section)
     if not args.quick:
