@@ -35,12 +35,12 @@ test-slow: build ## Run the test suite including long soak tests (e.g. 50 crash 
 	$(PY) -m pytest -q --runslow
 
 lint: $(STAMP) ## ruff lint + format check
-	$(VENV)/bin/ruff check python tests bench scripts
-	$(VENV)/bin/ruff format --check python tests bench scripts
+	$(VENV)/bin/ruff check python tests bench scripts examples
+	$(VENV)/bin/ruff format --check python tests bench scripts examples
 
 format: $(STAMP) ## Format Python and Rust code
-	$(VENV)/bin/ruff format python tests bench scripts
-	$(VENV)/bin/ruff check --fix python tests bench scripts
+	$(VENV)/bin/ruff format python tests bench scripts examples
+	$(VENV)/bin/ruff check --fix python tests bench scripts examples
 	cargo fmt --all
 
 typecheck: $(STAMP) ## mypy --strict over python/stratad
