@@ -503,8 +503,8 @@ impl Counts {
 /// concurrent search).
 const POOLED_COUNTS: usize = 4;
 
-/// What searches read of a slot, packed in one 32-byte record so that a
-/// candidate costs one cache line, not one per field.
+/// What searches read of a candidate, packed in one 32-byte record so that
+/// a candidate costs one cache line, not one per field.
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     /// One bit per goal token ([`signature_bit`]).
@@ -512,8 +512,6 @@ struct Slot {
     effectiveness: f64,
     order: u64,
     goal_len: u32,
-    /// Changes when the slot's entry is removed, which makes its postings stale.
-    generation: u32,
 }
 
 /// The library of crystals of one tenant, as the daemon searches it.
@@ -544,8 +542,8 @@ struct Slot {
 ///   evict in amortized O(n / 1024).
 ///
 /// Removing an entry bumps its slot's generation, which makes its postings
-/// stale (skipped by searches); a list is cleaned when more than half of it
-/// is stale.
+/// stale (skipped by searches); a list is cleaned when more than a quarter
+/// of it is stale.
 #[derive(Debug)]
 pub struct CrystalIndex {
     goal_vocabulary: HashMap<Box<str>, u32>,
@@ -553,6 +551,11 @@ pub struct CrystalIndex {
     stale: Vec<u32>,
     tool_vocabulary: HashMap<Box<str>, u32>,
     slots: Vec<Slot>,
+    /// Per slot: changes when the slot's entry is removed, which makes its
+    /// postings stale. Apart from `slots` because counting reads it for every
+    /// posting of a list holding stale ones: 4 bytes per slot keep that read
+    /// cheap.
+    generation: Vec<u32>,
     reuse_count: Vec<u64>,
     /// Goal token ids then tool ids (each part sorted); `None` for a free slot.
     tokens: Vec<Option<Box<[u32]>>>,
@@ -574,6 +577,7 @@ impl Default for CrystalIndex {
             stale: Vec::new(),
             tool_vocabulary: HashMap::new(),
             slots: Vec::new(),
+            generation: Vec::new(),
             reuse_count: Vec::new(),
             tokens: Vec::new(),
             free_slots: Vec::new(),
@@ -594,6 +598,7 @@ impl Clone for CrystalIndex {
             stale: self.stale.clone(),
             tool_vocabulary: self.tool_vocabulary.clone(),
             slots: self.slots.clone(),
+            generation: self.generation.clone(),
             reuse_count: self.reuse_count.clone(),
             tokens: self.tokens.clone(),
             free_slots: self.free_slots.clone(),
@@ -721,6 +726,7 @@ impl CrystalIndex {
                     .filter(|&s| s < u32::MAX)
                     .ok_or_else(|| Error::InvalidInput("the index is full".into()))?;
                 self.slots.push(Slot::default());
+                self.generation.push(0);
                 self.reuse_count.push(0);
                 self.tokens.push(None);
                 slot
@@ -730,14 +736,14 @@ impl CrystalIndex {
             .resize_with(self.goal_vocabulary.len(), Vec::new);
         self.stale.resize(self.goal_vocabulary.len(), 0);
         let at = slot as usize;
-        let record = &mut self.slots[at];
         let posting = Posting {
             slot,
-            generation: record.generation,
+            generation: self.generation[at],
         };
         for &id in &goal {
             self.postings[id as usize].push(posting);
         }
+        let record = &mut self.slots[at];
         record.order = order;
         record.effectiveness = effectiveness;
         self.max_effectiveness = self.max_effectiveness.max(effectiveness);
@@ -773,15 +779,16 @@ impl CrystalIndex {
         let Some(tokens) = self.tokens.get_mut(at).and_then(Option::take) else {
             return false;
         };
-        let record = &mut self.slots[at];
-        record.generation = record.generation.wrapping_add(1);
-        for &id in &tokens[..record.goal_len as usize] {
+        self.generation[at] = self.generation[at].wrapping_add(1);
+        for &id in &tokens[..self.slots[at].goal_len as usize] {
             let id = id as usize;
             self.stale[id] += 1;
-            if 2 * self.stale[id] as usize > self.postings[id].len() {
-                let slots = &self.slots;
+            // Cleaning costs the list's length; at a quarter stale it is paid
+            // by that many removals, and lists stay mostly live.
+            if 4 * self.stale[id] as usize > self.postings[id].len() {
+                let generation = &self.generation;
                 let posting = &mut self.postings[id];
-                posting.retain(|p| slots[p.slot as usize].generation == p.generation);
+                posting.retain(|p| generation[p.slot as usize] == p.generation);
                 posting.shrink_to_fit();
                 self.stale[id] = 0;
             }
@@ -820,7 +827,7 @@ impl CrystalIndex {
             let check = self.stale[id as usize] > 0;
             for p in postings {
                 let slot = p.slot as usize;
-                if check && self.slots[slot].generation != p.generation {
+                if check && self.generation[slot] != p.generation {
                     continue;
                 }
                 let count = &mut counts[slot];
@@ -1226,6 +1233,7 @@ impl CrystalIndex {
                 + v.keys().map(|k| k.len() + ALLOCATION).sum::<usize>()
         };
         let per_slot = vec_bytes(&self.slots)
+            + vec_bytes(&self.generation)
             + vec_bytes(&self.reuse_count)
             + vec_bytes(&self.tokens)
             + self
