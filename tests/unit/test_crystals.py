@@ -56,28 +56,41 @@ def clock() -> Clock:
     return Clock()
 
 
+#: Libraries a test shut down itself (the fixture must not close them twice:
+#: a journal's file descriptor may have been reused by then).
+_SHUT: list[CrystalLibraries] = []
+
+
+def shut(libs: CrystalLibraries) -> None:
+    """Close `libs` and its store, as a daemon shutting down would."""
+    libs.close()
+    libs.store.close()
+    _SHUT.append(libs)
+
+
 @pytest.fixture
 def open_libs(tmp_path: Path, clock: Clock) -> Iterator[Open]:
     """open_libs(**kw): CrystalLibraries over <tmp>/data, recovered; closed at the end."""
-    opened: list[tuple[Store, CrystalLibraries]] = []
+    opened: list[CrystalLibraries] = []
 
     def open_(*, durability: str = "none", **kw: object) -> CrystalLibraries:
         store = Store(tmp_path / "data", durability=durability)
         libs = CrystalLibraries(store, clock=clock, **kw)  # type: ignore[arg-type]
         libs.recover()
-        opened.append((store, libs))
+        opened.append(libs)
         return libs
 
     yield open_
-    for store, libs in opened:
-        libs.close()
-        store.close()
+    for libs in opened:
+        if not any(libs is done for done in _SHUT):
+            libs.close()
+            libs.store.close()
+    _SHUT.clear()
 
 
 def reopen(libs: CrystalLibraries, open_libs: Open, **kw: object) -> CrystalLibraries:
-    """Close `libs` (as a daemon shutting down would) and open the same data again."""
-    libs.close()
-    libs.store.close()
+    """Shut `libs` down and open the same data again."""
+    shut(libs)
     return open_libs(**kw)
 
 
@@ -664,8 +677,7 @@ def test_streaming_replay_and_compaction_release_pages(
 def test_torn_tail_is_cut(libs: CrystalLibraries, open_libs: Open) -> None:
     c = create(libs, "torn tail goal")
     path = libs.store.tenants_root / T / "crystals" / JOURNAL
-    libs.close()
-    libs.store.close()
+    shut(libs)
     with path.open("ab") as f:
         f.write(b"\x40\x00\x00\x00\x01\x02")  # a header promising more than follows
     again = open_libs()
@@ -680,8 +692,7 @@ def test_damaged_journal_is_read_only(libs: CrystalLibraries, open_libs: Open) -
     create(libs, "damage two", ("b",))
     create(libs, "damage three", ("c",))
     path = libs.store.tenants_root / T / "crystals" / JOURNAL
-    libs.close()
-    libs.store.close()
+    shut(libs)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # damage the middle record
     path.write_bytes(bytes(data))
