@@ -133,6 +133,7 @@ def test_facade_behaviour(daemon: Any) -> None:
         ]
         assert mc.query("nothing like it") == []
         assert mc.query("other", top_k=0) == []
+        assert len(mc.query("other", top_k=10**6)) == 2  # capped at the daemon's 1,000
         mc.record_reuse("crystal_unknown", success=True)  # ignored, as the seed
         mc.record_reuse("not a valid id", success=False)
         assert mc.get_crystal("not a valid id") is None

@@ -175,6 +175,7 @@ class MemoryCrystallizer:
         """Matching crystals by keyword similarity, best first (boosted by effectiveness)."""
         if top_k <= 0:
             return []
+        top_k = min(top_k, domain.MAX_TOP_K)  # the daemon's limit; the seed has none
         request = crystal_pb2.QueryCrystalsRequest(goal_text=goal_text, top_k=top_k)
         response = self._call(self._stub.QueryCrystals, request)
         return [_crystal_of(match.crystal) for match in response.matches]
