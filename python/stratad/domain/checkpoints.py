@@ -200,7 +200,7 @@ class Checkpoints:
             raise InvalidArgumentError("chunk lengths do not add up to the state's size")
         frames = self._verify_frames(up)
         listed = {d for d, _ in up.chunks}
-        missing = [d for d in live.tenant.missing(sorted(listed - frames.keys()))]
+        missing = live.tenant.missing(sorted(listed - frames.keys()))
         if missing:
             raise FailedPreconditionError(
                 f"{len(missing)} chunks are missing on the daemon (first: {missing[0]}); "

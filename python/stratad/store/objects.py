@@ -21,7 +21,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from stratad import native
@@ -77,9 +77,6 @@ class ObjectStore:
 
     def has(self, digest: str) -> bool:
         return digest in self._sizes
-
-    def size_of(self, digest: str) -> int:
-        return self._sizes.get(digest, 0)
 
     def digests(self) -> list[str]:
         with self._lock:
@@ -245,7 +242,3 @@ class ObjectStore:
         with contextlib.suppress(FileNotFoundError):
             self.path_of(digest).unlink()
         return size
-
-    def iter_paths(self) -> Iterator[tuple[str, Path]]:
-        for digest in self.digests():
-            yield digest, self.path_of(digest)
