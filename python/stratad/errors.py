@@ -10,87 +10,125 @@ these classes too: `native.py` hands them to the extension at import time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+#: The `google.rpc.ErrorInfo` domain of every reason stratad reports.
+ERROR_DOMAIN = "stratad.dev"
+
 
 class StratadError(Exception):
-    """Base class of every stratad error. Unknown errors map to INTERNAL."""
+    """Base class of every stratad error. Unknown errors map to INTERNAL.
+
+    ``reason`` is a stable, machine-readable UPPER_SNAKE_CASE word (the
+    `google.rpc.ErrorInfo` reason, domain :data:`ERROR_DOMAIN`) that clients
+    match instead of the English message; each class has a default and a raise
+    site may name a more precise one (``VersionConflictError(msg,
+    reason="VERSION_CONFLICT", metadata={"expected": "3", "actual": "4"})``).
+    ``metadata`` carries the details as strings, as ErrorInfo requires.
+    """
 
     grpc_status: str = "INTERNAL"
+    default_reason: str = "INTERNAL"
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        reason: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.reason = reason or self.default_reason
+        self.metadata: dict[str, str] = dict(metadata or {})
 
 
 class InvalidArgumentError(StratadError):
     """Malformed input: a bad ID, a missing field, a value out of range."""
 
     grpc_status = "INVALID_ARGUMENT"
+    default_reason = "INVALID_ARGUMENT"
 
 
 class NotFoundError(StratadError):
     """The resource does not exist (or belongs to another tenant)."""
 
     grpc_status = "NOT_FOUND"
+    default_reason = "NOT_FOUND"
 
 
 class AlreadyExistsError(StratadError):
     """A resource with that ID exists already, or an immutable layer is already set."""
 
     grpc_status = "ALREADY_EXISTS"
+    default_reason = "ALREADY_EXISTS"
 
 
 class FailedPreconditionError(StratadError):
     """The resource is not in the state the operation requires."""
 
     grpc_status = "FAILED_PRECONDITION"
+    default_reason = "FAILED_PRECONDITION"
 
 
 class VersionConflictError(StratadError):
     """`expected_version` did not match the session's current version."""
 
     grpc_status = "ABORTED"
+    default_reason = "VERSION_CONFLICT"
 
 
 class ResourceExhaustedError(StratadError):
     """A quota, a message-size limit or the disk is full."""
 
     grpc_status = "RESOURCE_EXHAUSTED"
+    default_reason = "RESOURCE_EXHAUSTED"
 
 
 class DecompressionLimitError(ResourceExhaustedError):
     """Decompressing would produce more bytes than the caller allowed."""
+
+    default_reason = "DECOMPRESSION_LIMIT"
 
 
 class DataLossError(StratadError):
     """Stored bytes failed their checksum: stratad never returns wrong data."""
 
     grpc_status = "DATA_LOSS"
+    default_reason = "DATA_LOSS"
 
 
 class CorruptObjectError(DataLossError):
     """A framed object failed to decode: bad magic, bad header, bad payload or digest mismatch."""
 
+    default_reason = "CORRUPT_OBJECT"
+
 
 class UnauthenticatedError(StratadError):
     grpc_status = "UNAUTHENTICATED"
+    default_reason = "UNAUTHENTICATED"
 
 
 class PermissionDeniedError(StratadError):
     grpc_status = "PERMISSION_DENIED"
+    default_reason = "PERMISSION_DENIED"
 
 
 class UnavailableError(StratadError):
     """The daemon is shutting down or cannot be reached."""
 
     grpc_status = "UNAVAILABLE"
+    default_reason = "UNAVAILABLE"
 
 
 class DeadlineExceededError(StratadError):
     grpc_status = "DEADLINE_EXCEEDED"
+    default_reason = "DEADLINE_EXCEEDED"
 
 
 class InternalError(StratadError):
     grpc_status = "INTERNAL"
+    default_reason = "INTERNAL"
 
 
 #: Status-code name -> exception class, used by the client SDK to map a gRPC
@@ -116,6 +154,7 @@ ERROR_BY_STATUS: dict[str, type[StratadError]] = {
 
 __all__ = [
     "ERROR_BY_STATUS",
+    "ERROR_DOMAIN",
     "AlreadyExistsError",
     "CorruptObjectError",
     "DataLossError",
