@@ -85,7 +85,8 @@ class Admin:
         """Mark every object a checkpoint reaches; sweep the rest.
 
         Objects written or newly referenced after the collection started are
-        recorded in `gc_touched` by the writers and never swept.
+        recorded in `gc_touched` by the writers and never swept. Collections of
+        one tenant never overlap: a second caller waits for the running one.
         """
         report = GcReport()
         started = time.monotonic()
@@ -95,6 +96,10 @@ class Admin:
         return report
 
     def _collect_tenant(self, store: TenantStore, report: GcReport) -> None:
+        with store.gc_running:
+            self._mark_and_sweep(store, report)
+
+    def _mark_and_sweep(self, store: TenantStore, report: GcReport) -> None:
         started = time.time()
         with store.gc_lock:
             store.gc_touched = set()

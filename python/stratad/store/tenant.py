@@ -53,6 +53,10 @@ class TenantStore:
         # a new checkpoint references is recorded here so the sweep spares it.
         self.gc_lock = threading.Lock()
         self.gc_touched: set[str] | None = None
+        # One collection per tenant at a time: a second one would reset
+        # `gc_touched` under the first, which would then sweep objects that a
+        # save revived meanwhile. A second caller waits for the first.
+        self.gc_running = threading.Lock()
 
     # -- write -------------------------------------------------------------
 
