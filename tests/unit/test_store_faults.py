@@ -308,6 +308,37 @@ def test_disk_full_for_object_files_loses_nothing(tmp_path: Path, disk_full: Dis
             assert engine.admin.verify().ok
 
 
+def test_disk_full_while_a_save_flushes_its_backlog_loses_nothing_after_a_crash(
+    tmp_path: Path, disk_full: DiskFull, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #10 item 4: ENOSPC inside commit_objects (a writer helping the syncer).
+
+    The failed save left its objects indexed but carried by no journal record;
+    the retry then found them "present" and was journaled without them, so it
+    was acknowledged with its chunks only in memory: DATA_LOSS after SIGKILL.
+    """
+    monkeypatch.setattr(objects_module, "MAX_PENDING_BYTES", 0)  # every put flushes
+    rng = random.Random(4)
+    with open_engine(tmp_path / "data", fsync_interval=NEVER) as engine:
+        engine.sessions.create(TENANT, "agent")
+        first = save(engine, "agent", rng.randbytes(150_000))
+        disk_full.object_files = True
+        retried = rng.randbytes(150_000)
+        with pytest.raises(ResourceExhaustedError, match="disk full"):
+            save(engine, "agent", retried)
+        disk_full.clear()
+        # Nothing flushes from here on: the retry's objects stay in memory
+        # unless its journal record carries them.
+        monkeypatch.setattr(objects_module, "MAX_PENDING_BYTES", 1 << 40)
+        acknowledged = save(engine, "agent", retried)
+        crashed = snapshot_of_disk(tmp_path / "data", tmp_path / "crashed")
+
+    with open_engine(crashed) as engine:
+        assert_loads(engine, first)
+        assert_loads(engine, acknowledged)
+        assert engine.admin.verify().ok
+
+
 # -- recovery and compaction -----------------------------------------------------------
 
 

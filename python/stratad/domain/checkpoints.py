@@ -245,7 +245,11 @@ class Checkpoints:
         checkpoint_id = self._new_checkpoint_id(live, inp.checkpoint_id)
         parent = self._parent(live, inp)
         inline = live.tenant.commit_objects(stored, live.owner)
-        structured, structured_inline = capture_structured(live)
+        try:
+            structured, structured_inline = capture_structured(live)
+        except BaseException:
+            abandon_objects(live, inline)
+            raise
         inline += structured_inline
         checkpoint = Checkpoint(
             checkpoint_id=checkpoint_id,
@@ -266,9 +270,7 @@ class Checkpoints:
         )
         dropped = retention_drops(live, at, keep=checkpoint_id)
         mutation = save_mutation(checkpoint, version, at, inline, dropped)
-        mutation.on_abort = functools.partial(
-            live.tenant.objects.orphan, [digest for digest, _ in inline]
-        )
+        mutation.on_abort = functools.partial(abandon_objects, live, inline)
         return mutation
 
     def _new_checkpoint_id(self, live: LiveSession, requested: str) -> str:
@@ -358,20 +360,26 @@ class Checkpoints:
             if head is None:
                 raise FailedPreconditionError(f"session {session_id!r} has no saved state yet")
             structured, inline = capture_structured(live)
-            cp = dataclasses.replace(
-                head,
-                checkpoint_id=self._new_checkpoint_id(live, checkpoint_id),
-                version=version,
-                parent_id=head.checkpoint_id,
-                name=name or f"checkpoint-{version}",
-                metadata={**head.metadata, **(metadata or {})},
-                created_at=at,
-                stored_bytes=sum(len(frame) for _, frame in inline),
-                structured=structured,
-                writes=[],  # pending writes belong to the head, not to its pinned copy
-            )
-            touch_for_gc(live, cp)
-            return save_mutation(cp, version, at, inline, [])
+            try:
+                cp = dataclasses.replace(
+                    head,
+                    checkpoint_id=self._new_checkpoint_id(live, checkpoint_id),
+                    version=version,
+                    parent_id=head.checkpoint_id,
+                    name=name or f"checkpoint-{version}",
+                    metadata={**head.metadata, **(metadata or {})},
+                    created_at=at,
+                    stored_bytes=sum(len(frame) for _, frame in inline),
+                    structured=structured,
+                    writes=[],  # pending writes belong to the head, not to its pinned copy
+                )
+                touch_for_gc(live, cp)
+            except BaseException:
+                abandon_objects(live, inline)
+                raise
+            mutation = save_mutation(cp, version, at, inline, [])
+            mutation.on_abort = functools.partial(abandon_objects, live, inline)
+            return mutation
 
         result: SaveResult = self.sessions.mutate(tenant, session_id, expected_version, build)
         return result.checkpoint
@@ -590,6 +598,17 @@ def capture_structured(live: LiveSession) -> tuple[dict[str, Any], list[tuple[st
         ref["digest"] = digest
     live.structured_ref, live.structured_dirty = ref, False
     return dict(ref), inline
+
+
+def abandon_objects(live: LiveSession, inline: list[tuple[str, bytes]]) -> None:
+    """The record meant to carry `inline` will not be journaled: undo what assumed it.
+
+    Later records must carry those objects themselves (see ObjectStore.orphan),
+    and the structured-state capture must not be reused by reference: it may
+    name objects only this record would have made durable.
+    """
+    live.tenant.objects.orphan(digest for digest, _ in inline)
+    live.structured_ref, live.structured_dirty = {}, True
 
 
 def load_structured(live: LiveSession, cp: Checkpoint) -> dict[str, Any]:

@@ -108,6 +108,16 @@ class TenantStore:
         durable only through another session's journal so far. Objects
         referenced while a garbage collection runs are recorded for it.
         """
+        try:
+            return self._commit_objects(state, owner)
+        except BaseException:
+            # No journal record will carry what this call put (a backlog flush
+            # hit a full disk, a base was collected...): a retry must carry
+            # those objects itself, or it is acknowledged without them.
+            self.objects.orphan(digest for digest, _ in state.new_objects)
+            raise
+
+    def _commit_objects(self, state: StoredState, owner: str) -> list[tuple[str, bytes]]:
         inline: list[tuple[str, bytes]] = []
         with self.gc_lock:
             for digest, frame in state.new_objects:
