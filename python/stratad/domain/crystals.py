@@ -80,7 +80,6 @@ from stratad import native
 from stratad.domain.ids import validate_id
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
-from stratad.store.fsync import fsync_dir
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
 
@@ -618,14 +617,11 @@ class CrystalLibraries:
 
     def _journal(self, lib: _Library) -> Journal:
         if lib.journal is None:
-            fresh = not lib.root.exists()
-            lib.root.mkdir(parents=True, exist_ok=True)
-            if fresh:
-                fsync_dir(lib.root.parent)
+            self.store.make_dirs(lib.root)
             path = lib.root / JOURNAL
             lib.journal = self.store.open_journal(path)
             lib.read_fd = os.open(path, os.O_RDONLY)
-            fsync_dir(lib.root)
+            self.store.fsync_dir(lib.root)
         return lib.journal
 
     def _append(self, lib: _Library, record: Record) -> tuple[int, int]:
@@ -918,7 +914,7 @@ class CrystalLibraries:
         path = lib.root / JOURNAL
         new_offsets = array("q", lib.offset_at)
         with mmap.mmap(lib.read_fd, 0, access=mmap.ACCESS_READ) as mapped:
-            journal_mod.rewrite(path, self._live_records(lib, mapped, new_offsets))
+            self.store.rewrite_journal(path, self._live_records(lib, mapped, new_offsets))
         lib.offset_at = new_offsets
         lib.journal = self.store.open_journal(path)
         old_fd, lib.read_fd = lib.read_fd, os.open(path, os.O_RDONLY)

@@ -30,7 +30,6 @@ from stratad.domain import structured as st
 from stratad.domain.ids import validate_id
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError
 from stratad.store import journal as journal_mod
-from stratad.store.fsync import fsync_dir
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
 
@@ -297,12 +296,9 @@ class Profiles:
 
     def _journal(self, tp: _TenantProfiles) -> Journal:
         if tp.journal is None:
-            fresh = not tp.root.exists()
-            tp.root.mkdir(parents=True, exist_ok=True)
-            if fresh:
-                fsync_dir(tp.root.parent)
+            self.store.make_dirs(tp.root)
             tp.journal = self.store.open_journal(tp.root / JOURNAL)
-            fsync_dir(tp.root)
+            self.store.fsync_dir(tp.root)
         return tp.journal
 
     def _maybe_compact(self, tp: _TenantProfiles) -> None:
@@ -313,7 +309,7 @@ class Profiles:
         old.sync_now()  # writers still waiting on `old` find their records synced
         jpath = tp.root / JOURNAL
         snapshot = Record("snapshot", {"at": time.time(), "profiles": tp.profiles})
-        journal_mod.rewrite(jpath, [snapshot])
+        self.store.rewrite_journal(jpath, [snapshot])
         tp.journal = self.store.open_journal(jpath)
         tp.snapshot_bytes = tp.journal.size
         old.close()

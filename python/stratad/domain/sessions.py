@@ -34,7 +34,7 @@ from stratad.errors import (
 )
 from stratad.store import journal as journal_mod
 from stratad.store.commit import sync_all
-from stratad.store.fsync import fsync_dir
+from stratad.store.fsync import DIR_MODE
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
 from stratad.store.tenant import TenantStore
@@ -235,6 +235,8 @@ class SessionManager:
     # -- lookup ------------------------------------------------------------------
 
     def live(self, tenant: str, session_id: str) -> LiveSession:
+        # After a failed fsync the in-memory state may hold what the disk lost.
+        self.store.fail_stop.check()
         validate_id(session_id, "session_id")
         with self._lock:
             live = self._sessions.get((tenant, session_id))
@@ -315,7 +317,7 @@ class SessionManager:
             if (tenant, session_id) in self._sessions:
                 raise AlreadyExistsError(f"session {session_id!r} already exists")
             try:
-                path.mkdir()
+                path.mkdir(mode=DIR_MODE)
             except FileExistsError:
                 raise AlreadyExistsError(f"session {session_id!r} already exists") from None
             journal = self.store.open_journal(path / JOURNAL)
@@ -325,7 +327,9 @@ class SessionManager:
             with live.lock:
                 create = Record("create", {"v": 1, "at": now, "state": state.to_json()})
                 offset = journal.append(create)
-                fsync_dir(path.parent)
+                # The new directory's entry and the journal's entry in it.
+                self.store.fsync_dir(path.parent)
+                self.store.fsync_dir(path)
                 live.history.append(event_of(create))
         except Exception:
             with self._lock:
@@ -349,7 +353,7 @@ class SessionManager:
             trash = live.path.with_name(f"{_TRASH_PREFIX}{session_id}-{time.time_ns()}")
             live.journal.close()
             live.path.rename(trash)
-            fsync_dir(live.path.parent)
+            self.store.fsync_dir(live.path.parent)
             live.deleted = True
             with self._lock:
                 self._sessions.pop(live.key, None)
@@ -480,7 +484,7 @@ class SessionManager:
             "snapshot", {"v": live.state.version, "at": time.time(), "state": live.state.to_json()}
         )
         jpath = live.path / JOURNAL
-        journal_mod.rewrite(jpath, [snapshot])
+        self.store.rewrite_journal(jpath, [snapshot])
         live.journal = self.store.open_journal(jpath)
         live.snapshot_bytes = live.journal.size
         old.close()

@@ -12,6 +12,7 @@ import logging
 import signal
 import socket
 import sys
+from asyncio import FIRST_COMPLETED
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from stratad.errors import UnavailableError
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
 from stratad.server.metrics import Metrics
 from stratad.server.registry import SERVICES, Resources, ServiceRegistration, open_resources
+from stratad.store.failstop import EXIT_STORAGE_FAILED, StorageFailedError
 
 _log = logging.getLogger(__name__)
 
@@ -210,17 +212,41 @@ async def serve(config: Config) -> int:
             config.durability,
             f"http://{server.metrics_address}/metrics" if server.metrics_address else "off",
         )
+        storage_failed = _storage_failure(resources)
         try:
-            signum = await stop_requested
-            _log.info(
-                "%s received: draining in-flight calls for up to %gs",
-                signal.Signals(signum).name,
-                config.grace_period,
-            )
+            either: set[asyncio.Future[Any]] = {stop_requested, storage_failed}
+            await asyncio.wait(either, return_when=FIRST_COMPLETED)
+            if storage_failed.done():
+                _log.critical("stopping after a storage failure; restart stratad to recover")
+                code = EXIT_STORAGE_FAILED
+            else:
+                signum = stop_requested.result()
+                _log.info(
+                    "%s received: draining in-flight calls for up to %gs",
+                    signal.Signals(signum).name,
+                    config.grace_period,
+                )
+                code = 0
         finally:
             await server.stop(config.grace_period)
     _log.info("stratad stopped")
-    return 0
+    return code
+
+
+def _storage_failure(resources: Resources) -> asyncio.Future[None]:
+    """Resolved when an fsync fails (from whichever thread sees it): fail-stop."""
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[None] = loop.create_future()
+
+    def resolve() -> None:
+        if not failed.done():
+            failed.set_result(None)
+
+    def on_trip(_: StorageFailedError) -> None:
+        loop.call_soon_threadsafe(resolve)
+
+    resources.engine.store.fail_stop.on_trip(on_trip)
+    return failed
 
 
 def _install_signal_handlers() -> asyncio.Future[int]:

@@ -47,7 +47,6 @@ class GroupCommitter:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._queue: list[_Waiter] = []
-        self._committing = False
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="stratad-commit", daemon=True)
         self._thread.start()
@@ -56,13 +55,9 @@ class GroupCommitter:
         """Return once every point is durable (raises what the fsync raised)."""
         if not points:
             return
-        if self._idle():
-            # Nobody else is committing: fsync right here. A lone writer (an
-            # agent saving step after step) then pays for the fsync alone, not
-            # for two thread hand-offs on top; under concurrency the committer
-            # is busy and batches as below.
-            sync_all(points)
-            return
+        # Even a lone writer's fsync goes to the committer thread: on the
+        # event loop, one slow fsync (a busy disk: tens of ms) would stall
+        # every other call, health checks included.
         loop = asyncio.get_running_loop()
         waiter = _Waiter(points, loop.create_future(), loop)
         with self._cond:
@@ -80,12 +75,7 @@ class GroupCommitter:
                 if not self._queue and self._stopped:
                     return
                 batch, self._queue = self._queue, []
-                self._committing = True
-            try:
-                self._commit(batch)
-            finally:
-                with self._cond:
-                    self._committing = False
+            self._commit(batch)
 
     def _commit(self, batch: list[_Waiter]) -> None:
         error: BaseException | None = None
@@ -99,10 +89,6 @@ class GroupCommitter:
         for loop, waiters in by_loop.items():
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_resolve(waiters, error))
-
-    def _idle(self) -> bool:
-        with self._cond:
-            return not self._committing and not self._queue
 
     def stop(self) -> None:
         with self._cond:
@@ -130,7 +116,12 @@ def sync_all(points: Iterable[SyncPoint]) -> None:
         # journal's size first (appends may race with the syncfs).
         sizes = [(p.journal, p.journal.size) for p in furthest.values()]
         started = time.perf_counter()
-        if sync_filesystem(sizes[0][0].path.parent):
+        first = sizes[0][0]
+        try:
+            synced = sync_filesystem(first.path.parent)
+        except OSError as exc:
+            raise first.fail_stop.trip(f"syncfs of {first.path.parent}", exc) from exc
+        if synced:
             elapsed = time.perf_counter() - started
             for journal, size in sizes:
                 journal.mark_synced(size)

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from stratad.errors import DataLossError, ResourceExhaustedError, StratadError
-from stratad.store.fsync import fsync_dir
+from stratad.store.failstop import FailStop
+from stratad.store.fsync import FILE_MODE, fsync_dir
 
 _HEADER = struct.Struct("<II")
 _U32 = struct.Struct("<I")
@@ -177,10 +178,12 @@ def _valid_run_end(data: bytes, start: int) -> int | None:
 class Journal:
     """An open journal file; thread-safe appends and group-committed syncs."""
 
-    def __init__(self, path: Path, *, durable: bool) -> None:
+    def __init__(self, path: Path, *, durable: bool, fail_stop: FailStop | None = None) -> None:
         self.path = path
         self._durable = durable
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # A failed fsync stops every journal of the data directory (failstop.py).
+        self._fail_stop = fail_stop or FailStop()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
         self._size = os.fstat(self._fd).st_size
         self._synced = self._size
         self._append_lock = threading.Lock()
@@ -191,12 +194,17 @@ class Journal:
         return self._size
 
     @property
+    def fail_stop(self) -> FailStop:
+        return self._fail_stop
+
+    @property
     def dirty(self) -> bool:
         return self._synced < self._size
 
     def append(self, record: Record) -> int:
         """Append one record (not yet synced); return the offset after it."""
         data = record.encode()
+        self._fail_stop.check()
         with self._append_lock:
             start = self._size
             try:
@@ -234,10 +242,11 @@ class Journal:
                 return  # another writer's fsync covered us while we waited
             end = self._size
             started = time.perf_counter()
+            self._fail_stop.check()  # never report durable what a failed fsync may have lost
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:
-                raise storage_error(exc, "journal fsync") from exc
+                raise self._fail_stop.trip(f"fsync of {self.path}", exc) from exc
             self._synced = max(self._synced, end)
             for observe in FSYNC_OBSERVERS:
                 observe(self.path, time.perf_counter() - started)
@@ -255,21 +264,45 @@ def truncate(path: Path, size: int) -> None:
         os.fsync(f.fileno())
 
 
-def rewrite(path: Path, records: Iterator[Record] | list[Record]) -> None:
-    """Atomically replace a journal with `records` (compaction)."""
+def rewrite(
+    path: Path, records: Iterator[Record] | list[Record], fail_stop: FailStop | None = None
+) -> None:
+    """Atomically replace a journal with `records` (compaction).
+
+    A write error (disk full) leaves the old journal in place; a failed fsync
+    trips `fail_stop` (what the disk holds is unknown from then on).
+    """
     tmp = path.with_name(path.name + ".tmp")
+    fail_stop = fail_stop or FailStop()
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        try:
             for record in records:
-                f.write(record.encode())
-            f.flush()
-            os.fsync(f.fileno())
+                _write_all(fd, record.encode())
+            fsync_or_trip(fd, tmp, fail_stop)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise storage_error(exc, "journal compaction") from exc
+    fsync_dir_or_trip(path.parent, fail_stop)
+
+
+def fsync_or_trip(fd: int, path: Path, fail_stop: FailStop) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise fail_stop.trip(f"fsync of {path}", exc) from exc
+
+
+def fsync_dir_or_trip(path: Path, fail_stop: FailStop) -> None:
+    """Make a directory's entries (new, renamed or removed files) durable."""
+    try:
+        fsync_dir(path)
+    except OSError as exc:
+        raise fail_stop.trip(f"fsync of directory {path}", exc) from exc
 
 
 def _write_all(fd: int, data: bytes) -> None:

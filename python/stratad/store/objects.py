@@ -26,7 +26,8 @@ from pathlib import Path
 
 from stratad import native
 from stratad.errors import CorruptObjectError, DataLossError
-from stratad.store.fsync import sync_files
+from stratad.store.failstop import FailStop
+from stratad.store.fsync import DIR_MODE, FILE_MODE, fsync_dir, make_dirs, sync_files
 from stratad.store.journal import storage_error
 
 _TMP_SUFFIX = ".tmp"
@@ -42,9 +43,10 @@ MAX_PENDING_BYTES = 64 << 20
 class ObjectStore:
     """The objects directory of one tenant, with an in-memory digest index."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, fail_stop: FailStop | None = None) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        self._fail_stop = fail_stop or FailStop()
+        make_dirs(root)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._sizes: dict[str, int] = {}
@@ -58,6 +60,9 @@ class ObjectStore:
         # an object written after its mark phase started.
         self._written_at: dict[str, float] = {}
         self._dirs: set[str] = set()
+        # Fan-out directories created since the last sync: their entries in
+        # `root` must be made durable with the objects in them.
+        self._new_dirs = False
         self._scan()
 
     # -- index ---------------------------------------------------------------
@@ -169,9 +174,10 @@ class ObjectStore:
         tmp = path.with_name(path.name + _TMP_SUFFIX)
         try:
             if digest[:2] not in self._dirs:
-                path.parent.mkdir(exist_ok=True)
+                path.parent.mkdir(mode=DIR_MODE, exist_ok=True)
                 self._dirs.add(digest[:2])
-            with open(tmp, "wb") as f:
+                self._new_dirs = True
+            with open(tmp, "wb", opener=_private) as f:
                 f.write(frame)
             os.replace(tmp, path)
         except OSError as exc:
@@ -185,7 +191,13 @@ class ObjectStore:
         with self._lock:
             unsynced = [d for d in self._unsynced if d not in self._pending]
         if unsynced:
-            sync_files(self.root, (self.path_of(d) for d in unsynced))
+            new_dirs, self._new_dirs = self._new_dirs, False
+            try:
+                sync_files(self.root, (self.path_of(d) for d in unsynced))
+                if new_dirs:
+                    fsync_dir(self.root)
+            except OSError as exc:
+                raise self._fail_stop.trip(f"fsync of objects in {self.root}", exc) from exc
         with self._lock:
             for digest in unsynced:
                 self._unsynced.pop(digest, None)
@@ -242,3 +254,8 @@ class ObjectStore:
         with contextlib.suppress(FileNotFoundError):
             self.path_of(digest).unlink()
         return size
+
+
+def _private(path: str, flags: int) -> int:
+    """`open` opener: new object files are readable by the daemon's user only."""
+    return os.open(path, flags, FILE_MODE)

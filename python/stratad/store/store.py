@@ -18,11 +18,14 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from stratad.domain.ids import validate_id
-from stratad.store.journal import Journal
+from stratad.store import journal as journal_mod
+from stratad.store.failstop import FailStop
+from stratad.store.fsync import make_dirs
+from stratad.store.journal import Journal, Record, storage_error
 from stratad.store.tenant import TenantStore
 
 log = logging.getLogger(__name__)
@@ -45,8 +48,10 @@ class Store:
         self.durability = durability
         self.fsync_interval = fsync_interval
         self.max_object_bytes = max_object_bytes
+        #: Tripped by the first failed fsync: see store/failstop.py.
+        self.fail_stop = FailStop()
         self.tenants_root = data_dir / "tenants"
-        self.tenants_root.mkdir(parents=True, exist_ok=True)
+        self.make_dirs(self.tenants_root)
         self._tenants: dict[str, TenantStore] = {}
         self._lock = threading.Lock()
         self._journals: weakref.WeakSet[Journal] = weakref.WeakSet()
@@ -62,8 +67,10 @@ class Store:
             if existing is not None:
                 return existing
             validate_id(name, "tenant")
+            root = self.tenants_root / name
+            self.make_dirs(root)
             tenant = TenantStore(
-                self.tenants_root / name, name, max_object_bytes=self.max_object_bytes
+                root, name, max_object_bytes=self.max_object_bytes, fail_stop=self.fail_stop
             )
             self._tenants[name] = tenant
             return tenant
@@ -75,10 +82,30 @@ class Store:
         with self._lock:
             return list(self._tenants.values())
 
+    # -- files and directories -------------------------------------------------
+
+    def make_dirs(self, path: Path) -> None:
+        """Create `path` (and parents) durably with private permissions."""
+        self.fail_stop.check()
+        try:
+            make_dirs(path, self.fsync_dir)
+        except OSError as exc:
+            raise storage_error(exc, f"creating {path}") from exc
+
+    def fsync_dir(self, path: Path) -> None:
+        """Make a directory's entries durable; a failure trips the fail-stop latch."""
+        journal_mod.fsync_dir_or_trip(path, self.fail_stop)
+
+    def rewrite_journal(self, path: Path, records: Iterable[Record]) -> None:
+        """Atomically replace a journal (compaction); see journal.rewrite."""
+        self.fail_stop.check()
+        journal_mod.rewrite(path, iter(records), self.fail_stop)
+
     # -- journals ------------------------------------------------------------
 
     def open_journal(self, path: Path) -> Journal:
-        journal = Journal(path, durable=self.durability == "fsync")
+        self.fail_stop.check()
+        journal = Journal(path, durable=self.durability == "fsync", fail_stop=self.fail_stop)
         self._journals.add(journal)
         return journal
 
@@ -103,6 +130,8 @@ class Store:
 
     def _sync_loop(self) -> None:
         while not self._stop.wait(self.fsync_interval):
+            if self.fail_stop.error is not None:
+                return  # nothing may be made durable any more (failstop.py)
             try:
                 self._sync_once()
             except Exception:  # keep syncing; a failing disk is reported by writes
@@ -128,9 +157,12 @@ class Store:
         self._stop.set()
         if self._syncer is not None:
             self._syncer.join(timeout=10)
-        with contextlib.suppress(Exception):
-            self._sync_once()
+        failed = self.fail_stop.error is not None
+        if not failed:  # after a failed fsync, what is in memory must not reach the disk
+            with contextlib.suppress(Exception):
+                self._sync_once()
         for journal in list(self._journals):
-            if journal.dirty and self.durability != "none":
-                journal.sync_now()
+            if not failed and journal.dirty and self.durability != "none":
+                with contextlib.suppress(Exception):
+                    journal.sync_now()
             journal.close()

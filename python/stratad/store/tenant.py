@@ -15,6 +15,8 @@ from pathlib import Path
 from stratad import native
 from stratad.errors import DataLossError
 from stratad.store import manifest
+from stratad.store.failstop import FailStop
+from stratad.store.fsync import make_dirs
 from stratad.store.objects import ObjectStore
 
 #: How a checkpoint's root object is to be read.
@@ -40,12 +42,14 @@ class StaleBaseError(Exception):
 
 
 class TenantStore:
-    def __init__(self, root: Path, name: str, *, max_object_bytes: int) -> None:
+    def __init__(
+        self, root: Path, name: str, *, max_object_bytes: int, fail_stop: FailStop | None = None
+    ) -> None:
         self.name = name
         self.root = root
         self.sessions_root = root / "sessions"
-        self.sessions_root.mkdir(parents=True, exist_ok=True)
-        self.objects = ObjectStore(root / "objects")
+        make_dirs(self.sessions_root)
+        self.objects = ObjectStore(root / "objects", fail_stop)
         self.max_object_bytes = max_object_bytes
         self._manifests: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
         self._cache_lock = threading.Lock()

@@ -53,7 +53,12 @@ class Servicer:
         The event loop must stay free: native work releases the GIL, so both
         cores work while the loop keeps serving other calls.
         """
+        fail_stop = self.engine.store.fail_stop
+        fail_stop.check()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
+        result = await loop.run_in_executor(
             self.resources.executor, functools.partial(fn, *args, **kwargs)
         )
+        # A read that raced a failed fsync may hold state the disk lost.
+        fail_stop.check()
+        return result
