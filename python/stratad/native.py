@@ -8,6 +8,8 @@ docs/native.md; the extension raises the exception classes of
 
 from __future__ import annotations
 
+import struct
+
 from stratad._core import (
     DEFAULT_AVG_CHUNK,
     DEFAULT_MAX_CHUNK,
@@ -53,6 +55,7 @@ __all__ = [
     "digest_hex",
     "encode_frame",
     "frame_digest_hex",
+    "frame_length",
     "generalize_goal",
     "jaccard",
     "prepare_chunks",
@@ -61,3 +64,17 @@ __all__ = [
     "train_dictionary",
     "verify_frame",
 ]
+
+_LENGTH = struct.Struct("<Q")
+#: Where a frame header records the uncompressed length (docs/native.md).
+_LENGTH_OFFSET = 8
+
+
+def frame_length(frame: bytes) -> int:
+    """The uncompressed length a frame's header records, after checking the header.
+
+    Costs a header check, not a decompression: what a server needs to refuse
+    a small upload that claims to expand to gigabytes before doing any work.
+    """
+    frame_digest_hex(frame)  # raises CorruptObjectError on a bad header
+    return int(_LENGTH.unpack_from(frame, _LENGTH_OFFSET)[0])

@@ -121,7 +121,7 @@ def test_two_concurrent_collections_never_sweep_what_a_save_revived(
     def collect() -> None:
         try:
             engine.admin.collect_garbage(TENANT)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     gc1 = threading.Thread(target=collect)

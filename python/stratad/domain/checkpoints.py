@@ -192,34 +192,92 @@ class Checkpoints:
             if up.keep > manifest.entry_count(base_entries):
                 raise InvalidArgumentError("keep is larger than the base's chunk count")
             kept = base_entries[: up.keep * manifest.ENTRY.size]
-        for digest, length in up.chunks:
-            if len(digest) != 64 or not _is_hex(digest) or length < 0:
-                raise InvalidArgumentError("a chunk reference is malformed")
+        lengths = _listed_lengths(up.chunks)
         entries = kept + manifest.entries_blob(up.chunks)
         if manifest.total_length(entries) != up.size:
-            raise InvalidArgumentError("chunk lengths do not add up to the state's size")
-        frames = self._verify_frames(up)
-        listed = {d for d, _ in up.chunks}
-        missing = live.tenant.missing(sorted(listed - frames.keys()))
+            raise InvalidArgumentError(
+                f"chunk lengths add up to {manifest.total_length(entries)} bytes, "
+                f"not to the state's size of {up.size}",
+                reason="UPLOAD_MISMATCH",
+            )
+        decoded = self._verify_frames(live, up, lengths)
+        missing = live.tenant.missing(sorted(lengths.keys() - decoded.keys()))
         if missing:
             raise FailedPreconditionError(
                 f"{len(missing)} chunks are missing on the daemon (first: {missing[0]}); "
-                "upload them (FindMissingChunks lists them)"
+                "upload them (FindMissingChunks lists them)",
+                reason="CHUNKS_MISSING",
             )
+        self._check_state_digest(live, up, entries, decoded)
+        frames = {digest: frame for digest, (frame, _) in decoded.items()}
         return live.tenant.prepare_entries(entries, frames, base)
 
-    def _verify_frames(self, up: ChunkUpload) -> dict[str, bytes]:
-        listed = {d for d, _ in up.chunks}
-        frames: dict[str, bytes] = {}
+    def _verify_frames(
+        self, live: LiveSession, up: ChunkUpload, lengths: dict[str, int]
+    ) -> dict[str, tuple[bytes, bytes]]:
+        """Verified uploaded chunks the store lacks: digest -> (frame, content).
+
+        Each frame's header is checked first (cheap): it must name a listed
+        chunk and the length listed for it, so no frame decodes to more than
+        the request declared. Each distinct chunk is decoded once; frames of
+        chunks the store already holds are not decoded at all.
+        """
+        decoded: dict[str, tuple[bytes, bytes]] = {}
         for frame in up.frames:
             try:
-                digest = native.verify_frame(frame, self.max_state_bytes)
+                digest, length = native.frame_digest_hex(frame), native.frame_length(frame)
             except CorruptObjectError as exc:
-                raise InvalidArgumentError(f"an uploaded chunk is corrupt: {exc}") from exc
-            if digest not in listed:
-                raise InvalidArgumentError(f"uploaded chunk {digest} is not in the chunk list")
-            frames[digest] = frame
-        return frames
+                raise InvalidArgumentError(
+                    f"an uploaded chunk is corrupt: {exc}", reason="UPLOAD_MISMATCH"
+                ) from exc
+            listed = lengths.get(digest)
+            if listed is None:
+                raise InvalidArgumentError(
+                    f"uploaded chunk {digest} is not in the chunk list", reason="UPLOAD_MISMATCH"
+                )
+            if length != listed:
+                raise InvalidArgumentError(
+                    f"uploaded chunk {digest} holds {length} bytes but is listed with {listed}",
+                    reason="UPLOAD_MISMATCH",
+                )
+            if digest in decoded or live.tenant.objects.has(digest):
+                continue
+            try:
+                decoded[digest] = (frame, native.decode_frame(frame, listed))
+            except CorruptObjectError as exc:
+                raise InvalidArgumentError(
+                    f"uploaded chunk {digest} is corrupt: {exc}", reason="UPLOAD_MISMATCH"
+                ) from exc
+        return decoded
+
+    @staticmethod
+    def _check_state_digest(
+        live: LiveSession,
+        up: ChunkUpload,
+        entries: bytes,
+        decoded: dict[str, tuple[bytes, bytes]],
+    ) -> None:
+        """The chunks, in order, must make up exactly the state the client named.
+
+        Checked at save time so that a bad upload (a client bug, a wrong base)
+        is refused with nothing stored, rather than found when loading it.
+        """
+        pieces = []
+        for digest, length in manifest.iter_entries(entries):
+            hit = decoded.get(digest)
+            piece = hit[1] if hit is not None else live.tenant.read_object(digest)
+            if len(piece) != length:
+                raise InvalidArgumentError(
+                    f"chunk {digest} holds {len(piece)} bytes but is listed with {length}",
+                    reason="UPLOAD_MISMATCH",
+                )
+            pieces.append(piece)
+        found = native.digest_hex(b"".join(pieces))
+        if found != up.digest:
+            raise InvalidArgumentError(
+                f"the uploaded chunks make up a state with digest {found}, not {up.digest}",
+                reason="UPLOAD_MISMATCH",
+            )
 
     def _parent(self, live: LiveSession, inp: SaveInput) -> Checkpoint | None:
         if inp.parent_checkpoint_id:
@@ -598,6 +656,21 @@ def capture_structured(live: LiveSession) -> tuple[dict[str, Any], list[tuple[st
         ref["digest"] = digest
     live.structured_ref, live.structured_dirty = ref, False
     return dict(ref), inline
+
+
+def _listed_lengths(chunks: list[tuple[str, int]]) -> dict[str, int]:
+    """digest -> length of an upload's chunk list (a digest has one length)."""
+    lengths: dict[str, int] = {}
+    for digest, length in chunks:
+        if len(digest) != 64 or not _is_hex(digest) or length <= 0:
+            raise InvalidArgumentError(
+                "a chunk reference is malformed (64 hex characters and a positive length)"
+            )
+        if lengths.setdefault(digest, length) != length:
+            raise InvalidArgumentError(
+                f"chunk {digest} is listed with two lengths", reason="UPLOAD_MISMATCH"
+            )
+    return lengths
 
 
 def abandon_objects(live: LiveSession, inline: list[tuple[str, bytes]]) -> None:

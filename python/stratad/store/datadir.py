@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Final
 
 from stratad.errors import FailedPreconditionError
+from stratad.store.fsync import DIR_MODE, FILE_MODE, fsync_dir
 
 LOCK_NAME: Final = "LOCK"
 FORMAT_NAME: Final = "FORMAT"
@@ -90,7 +91,7 @@ def open_data_dir(path: Path | str) -> DataDir:
     """
     root = Path(path).absolute()
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     except OSError as exc:
         raise DataDirError(f"cannot create data directory {root}: {exc.strerror}") from None
     lock_fd = _lock(root)
@@ -106,7 +107,7 @@ def _lock(root: Path) -> int:
     """Take the exclusive lock on <root>/LOCK and record our PID in it."""
     lock_path = root / LOCK_NAME
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
     except OSError as exc:
         raise DataDirError(f"cannot open lock file {lock_path}: {exc.strerror}") from None
     try:
@@ -160,16 +161,14 @@ def _write_durably(path: Path, text: str) -> None:
     # Temp file + fsync + rename + directory fsync: FORMAT is either absent or
     # complete, never empty, after a crash during the first start.
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
-        os.fsync(dir_fd)
+        os.write(fd, text.encode())
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
+    tmp.replace(path)
+    fsync_dir(path.parent)
 
 
 __all__ = [

@@ -151,6 +151,10 @@ class TenantStore:
 
     # -- read --------------------------------------------------------------
 
+    def read_object(self, digest: str) -> bytes:
+        """One object's verified content (damage is DATA_LOSS)."""
+        return self.objects.get(digest, self.max_object_bytes)
+
     def resolve_manifest(self, digest: str) -> tuple[bytes, int]:
         """A manifest's full entries blob and delta depth (cached)."""
         with self._cache_lock:

@@ -1,0 +1,218 @@
+"""The event loop stays free, and chunked uploads are checked when saved (issue #10 items 2, 6, 8).
+
+A save is classified by the size it *declares*, not by its bytes on the wire:
+a 100 KB request of highly compressible frames used to be decoded on the
+event loop, holding health checks for seconds. The tests hold the heavy work
+(decoding a frame, an fsync) on an event and check that a health check is
+answered meanwhile: if that work ran on the event loop, the health check
+could not be answered until it was released (no timing involved).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from stratad import native
+from stratad.api.v1 import checkpoint_pb2
+
+if TYPE_CHECKING:
+    from conftest import Api
+
+WAIT = 30.0
+BIG = 48 << 20  # declared size of the "small on the wire" uploads
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def frame_length(frame: bytes) -> int:
+    return int(struct.unpack_from("<Q", frame, 8)[0])  # docs/native.md, frame header
+
+
+def chunked(
+    data: bytes, *, frames: list[bytes] | None = None, **fields: Any
+) -> checkpoint_pb2.ChunkedState:
+    """`data` as one chunk, with its frame uploaded (or `frames`)."""
+    digest = native.digest_hex(data)
+    frame = native.encode_frame(data)
+    values: dict[str, Any] = {
+        "size": len(data),
+        "digest": digest,
+        "chunks": [checkpoint_pb2.ChunkRef(digest=digest, length=len(data))],
+        "frames": [frame] if frames is None else frames,
+    }
+    values.update(fields)
+    return checkpoint_pb2.ChunkedState(**values)
+
+
+class Gate:
+    """Blocks calls of a patched function until `release`; records that one started."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.released = threading.Event()
+
+    def hold(self) -> None:
+        self.entered.set()
+        assert self.released.wait(WAIT), "never released"
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    g = Gate()
+    yield g
+    g.released.set()  # never leave a server thread blocked
+
+
+def health_answers(api: Api) -> bool:
+    stub = health_pb2_grpc.HealthStub(api.channel)
+    response = stub.Check(health_pb2.HealthCheckRequest(), timeout=WAIT / 2)
+    return bool(response.status == SERVING)
+
+
+def in_background(fn: Callable[[], Any]) -> Future[Any]:
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)
+    return future
+
+
+def test_a_small_request_declaring_a_huge_state_is_decoded_off_the_event_loop(
+    api: Api, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.create("agent")
+    zeros = bytes(BIG)
+    request = checkpoint_pb2.SaveStateRequest(session_id="agent", chunked=chunked(zeros))
+    assert request.ByteSize() < 128 << 10, "the point: small on the wire"
+
+    def held(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(frame: bytes, max_size: int) -> Any:
+            if frame_length(frame) >= BIG:
+                gate.hold()
+            return real(frame, max_size)
+
+        return call
+
+    monkeypatch.setattr(native, "decode_frame", held(native.decode_frame))
+    monkeypatch.setattr(native, "verify_frame", held(native.verify_frame))
+    saving = in_background(lambda: api.call(api.checkpoints.SaveState, request))
+    assert gate.entered.wait(WAIT)
+    try:
+        assert health_answers(api), "health held up while the upload was decoded"
+    finally:
+        gate.released.set()
+    saved = saving.result(WAIT)
+    assert saved.digest == native.digest_hex(zeros)
+    assert api.get("agent").head_checkpoint_id == saved.checkpoint_id
+
+
+def test_a_lone_writers_fsync_never_blocks_the_event_loop(
+    api: Api, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.create("agent")
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/agent/journal"):
+            gate.hold()
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    saving = in_background(lambda: api.save("agent", b"one small step"))
+    assert gate.entered.wait(WAIT)
+    try:
+        assert health_answers(api), "health held up by a lone writer's fsync"
+    finally:
+        gate.released.set()
+    assert saving.result(WAIT).digest == native.digest_hex(b"one small step")
+
+
+def test_a_frame_longer_than_its_listed_chunk_is_refused_before_decoding(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api.create("agent")
+    api.save("agent", b"before")
+    decoded: list[int] = []
+    for name in ("decode_frame", "verify_frame"):
+        real = getattr(native, name)
+
+        def spy(frame: bytes, max_size: int, real: Callable[..., Any] = real) -> Any:
+            decoded.append(frame_length(frame))
+            return real(frame, max_size)
+
+        monkeypatch.setattr(native, name, spy)
+    zeros = bytes(BIG)
+    digest = native.digest_hex(zeros)
+    lying = chunked(
+        zeros,
+        size=1000,
+        chunks=[checkpoint_pb2.ChunkRef(digest=digest, length=1000)],
+    )
+    request = checkpoint_pb2.SaveStateRequest(session_id="agent", chunked=lying)
+    api.fails(
+        api.checkpoints.SaveState, request, grpc.StatusCode.INVALID_ARGUMENT,
+        "listed", digest, keeps="agent",
+    )  # fmt: skip
+    assert BIG not in decoded, "the frame was decoded before its header was checked"
+
+
+def test_an_upload_whose_chunks_do_not_make_its_digest_is_refused_at_save_time(
+    api: Api,
+) -> None:
+    """Item 6: the whole-state digest used to be checked only when loading."""
+    api.create("agent")
+    api.save("agent", b"before")
+    data = os.urandom(200_000)
+    wrong = native.digest_hex(b"another state")
+    request = checkpoint_pb2.SaveStateRequest(
+        session_id="agent", chunked=chunked(data, digest=wrong)
+    )
+    api.fails(
+        api.checkpoints.SaveState, request, grpc.StatusCode.INVALID_ARGUMENT,
+        "digest", wrong, keeps="agent",
+    )  # fmt: skip
+    # Nothing was stored: the chunk is still missing on the daemon.
+    missing = api.call(
+        api.checkpoints.FindMissingChunks,
+        checkpoint_pb2.FindMissingChunksRequest(digests=[native.digest_hex(data)]),
+    ).missing
+    assert list(missing) == [native.digest_hex(data)]
+
+
+def test_kept_base_chunks_count_towards_the_digest_check(api: Api) -> None:
+    """A delta upload (keep N chunks of a base) is checked as the whole state."""
+    api.create("agent")
+    base = os.urandom(300_000)
+    saved = api.save("agent", base)
+    boundaries = native.chunk_boundaries(base)
+    assert len(boundaries) > 2
+    kept = boundaries[:-1]
+    tail = os.urandom(5000)
+    kept_bytes = sum(length for _, length in kept)
+    state = base[:kept_bytes] + tail
+
+    def upload(digest: str) -> checkpoint_pb2.SaveStateRequest:
+        return checkpoint_pb2.SaveStateRequest(
+            session_id="agent",
+            chunked=chunked(
+                tail,
+                size=len(state),
+                digest=digest,
+                base_checkpoint_id=saved.checkpoint_id,
+                keep=len(kept),
+            ),
+        )
+
+    api.fails(
+        api.checkpoints.SaveState, upload(native.digest_hex(tail)),
+        grpc.StatusCode.INVALID_ARGUMENT, "digest", keeps="agent",
+    )  # fmt: skip
+    good = api.call(api.checkpoints.SaveState, upload(native.digest_hex(state)))
+    assert api.load("agent", checkpoint_id=good.checkpoint_id).data == state
