@@ -38,6 +38,7 @@ from stratad.domain.models import SessionStatus
 from stratad.errors import ResourceExhaustedError
 from stratad.store import journal as journal_module
 from stratad.store import objects as objects_module
+from stratad.store.failstop import ReadOnlyError
 
 TENANT = "default"
 #: Background syncer period that never comes round during a test.
@@ -336,6 +337,42 @@ def test_disk_full_while_a_save_flushes_its_backlog_loses_nothing_after_a_crash(
     with open_engine(crashed) as engine:
         assert_loads(engine, first)
         assert_loads(engine, acknowledged)
+        assert engine.admin.verify().ok
+
+
+def test_a_restart_on_a_full_disk_serves_reads_and_resumes_writes_when_space_returns(
+    tmp_path: Path, disk_full: DiskFull
+) -> None:
+    """Issue #10 item 5: recovery must write the objects journals carry; on a full
+    disk the daemon used to refuse to start ("disk full during object write")."""
+    rng = random.Random(5)
+    with open_engine(tmp_path / "data", fsync_interval=NEVER) as engine:
+        engine.sessions.create(TENANT, "agent")
+        acknowledged = [save(engine, "agent", rng.randbytes(150_000)) for _ in range(3)]
+        # SIGKILL now: the objects exist only as the journal's inline copies.
+        crashed = snapshot_of_disk(tmp_path / "data", tmp_path / "crashed")
+
+    disk_full.object_files = True
+    with open_engine(crashed, fsync_interval=0.01) as engine:
+        assert engine.store.read_only
+        for saved in acknowledged:
+            assert_loads(engine, saved)
+        with pytest.raises(ReadOnlyError) as refused:
+            save(engine, "agent", b"while the disk is full")
+        assert refused.value.grpc_status == "RESOURCE_EXHAUSTED"
+        assert refused.value.reason == "READ_ONLY"
+        with pytest.raises(ReadOnlyError):
+            engine.sessions.create(TENANT, "new")
+        assert engine.sessions.info(TENANT, "agent").checkpoint_count == 3
+
+        disk_full.clear()  # space returns: the background syncer notices
+        wait_until(lambda: not engine.store.read_only, "writes resume")
+        acknowledged.append(save(engine, "agent", rng.randbytes(150_000)))
+
+    with open_engine(crashed) as engine:
+        assert not engine.store.read_only
+        for saved in acknowledged:
+            assert_loads(engine, saved)
         assert engine.admin.verify().ok
 
 

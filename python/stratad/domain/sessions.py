@@ -30,6 +30,7 @@ from stratad.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    ResourceExhaustedError,
     VersionConflictError,
 )
 from stratad.store import journal as journal_mod
@@ -171,8 +172,20 @@ class SessionManager:
                     continue
                 if entry.is_dir():
                     self._recover_session(tenant, entry, report)
-            self.store.persist_objects(tenant)
+            self._persist_recovered(tenant, report)
         return dict(report)
+
+    def _persist_recovered(self, tenant: TenantStore, report: collections.Counter[str]) -> None:
+        """Write the objects recovery restored; on a full disk, start read-only.
+
+        Until they are written they are served from memory (and stay carried
+        by their journals), so reads work; writes wait for space.
+        """
+        try:
+            self.store.persist_objects(tenant)
+        except ResourceExhaustedError as exc:
+            report["read_only"] = 1
+            self.store.enter_read_only(exc)
 
     def _recover_session(
         self, tenant: TenantStore, path: Path, report: collections.Counter[str]

@@ -34,6 +34,8 @@ _log = logging.getLogger(__name__)
 
 HEALTH_SERVICE_NAME: str = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 REFLECTION_SERVICE_NAME: str = reflection.SERVICE_NAME
+#: Health "service" that is SERVING while the daemon accepts writes.
+WRITES_HEALTH_NAME = "stratad.writes"
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -127,6 +129,7 @@ async def start_server(
             metrics.stop()
         raise
     await _set_status(health, ["", *app_names], _SERVING)
+    await _report_writes(health, resources)
     return StratadServer(
         server, health, resources, address, all_names, addresses=addresses, metrics=metrics
     )
@@ -180,6 +183,24 @@ def _refuse_live_unix_socket(listen: str) -> None:
         except OSError:  # missing, stale or not a socket: gRPC may replace it
             return
     raise ServerStartError(f"cannot listen on {listen}: another process is serving on it")
+
+
+async def _report_writes(health: health_aio.HealthServicer, resources: Resources) -> None:
+    """Health of WRITES_HEALTH_NAME: NOT_SERVING while the store is read-only.
+
+    A daemon that started on a full disk serves reads (every service stays
+    SERVING) but refuses writes until space returns; this name tells probes
+    and clients which.
+    """
+    loop = asyncio.get_running_loop()
+    store = resources.engine.store
+
+    def changed(writable: bool) -> None:
+        status = _SERVING if writable else _NOT_SERVING
+        loop.call_soon_threadsafe(lambda: loop.create_task(health.set(WRITES_HEALTH_NAME, status)))
+
+    store.on_writable_change(changed)
+    await health.set(WRITES_HEALTH_NAME, _NOT_SERVING if store.read_only else _SERVING)
 
 
 async def _set_status(health: health_aio.HealthServicer, names: Iterable[str], status: int) -> None:
@@ -268,6 +289,7 @@ def _install_signal_handlers() -> asyncio.Future[int]:
 __all__ = [
     "HEALTH_SERVICE_NAME",
     "REFLECTION_SERVICE_NAME",
+    "WRITES_HEALTH_NAME",
     "ServerStartError",
     "StratadServer",
     "serve",

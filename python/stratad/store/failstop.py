@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from stratad.errors import UnavailableError
+from stratad.errors import ResourceExhaustedError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,26 @@ class StorageFailedError(UnavailableError):
     default_reason = "STORAGE_FAILED"
 
 
+class ReadOnlyError(ResourceExhaustedError):
+    """The daemon started on a full disk and serves reads only until space returns."""
+
+    default_reason = "READ_ONLY"
+
+
 class FailStop:
-    """The data directory's failure latch, shared by every journal and object store."""
+    """The data directory's failure latch, shared by every journal and object store.
+
+    It also carries the (recoverable) read-only mode: a daemon that restarts
+    on a full disk cannot write the objects its journals carry, so it serves
+    reads and refuses writes until the background syncer manages to write
+    them (see Store.retry_read_only).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._error: StorageFailedError | None = None
         self._listeners: list[Callable[[StorageFailedError], None]] = []
+        self.read_only: ReadOnlyError | None = None
 
     @property
     def error(self) -> StorageFailedError | None:
@@ -52,6 +65,12 @@ class FailStop:
         """Raise the failure if storage has failed."""
         if self._error is not None:
             raise self._error
+
+    def check_writable(self) -> None:
+        """Raise the failure, or the read-only error, if nothing may be written."""
+        self.check()
+        if self.read_only is not None:
+            raise self.read_only
 
     def trip(self, what: str, exc: OSError) -> StorageFailedError:
         """Record that `what` failed with `exc`; return the error to raise.

@@ -204,7 +204,7 @@ class Journal:
     def append(self, record: Record) -> int:
         """Append one record (not yet synced); return the offset after it."""
         data = record.encode()
-        self._fail_stop.check()
+        self._fail_stop.check_writable()
         with self._append_lock:
             start = self._size
             try:

@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from stratad.domain.ids import validate_id
+from stratad.errors import ResourceExhaustedError
 from stratad.store import journal as journal_mod
-from stratad.store.failstop import FailStop
+from stratad.store.failstop import FailStop, ReadOnlyError
 from stratad.store.fsync import make_dirs
 from stratad.store.journal import Journal, Record, storage_error
 from stratad.store.tenant import TenantStore
@@ -58,6 +59,7 @@ class Store:
         self._stop = threading.Event()
         self._hooks: list[Callable[[], None]] = []
         self._syncer: threading.Thread | None = None
+        self._writable_listeners: list[Callable[[bool], None]] = []
 
     # -- tenants -------------------------------------------------------------
 
@@ -120,6 +122,43 @@ class Store:
         for tenant in self.loaded_tenants():
             self.persist_objects(tenant)
 
+    # -- read-only mode (a start on a full disk) ---------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self.fail_stop.read_only is not None
+
+    def enter_read_only(self, cause: ResourceExhaustedError) -> None:
+        """Serve reads only: objects recovered from journals could not be written."""
+        self.fail_stop.read_only = ReadOnlyError(
+            f"stratad is read-only: {cause.message}; free space on the data directory's "
+            "disk and writes resume by themselves",
+            metadata={"cause": cause.reason},
+        )
+        log.error("%s", self.fail_stop.read_only.message)
+        self._notify_writable(False)
+
+    def retry_read_only(self) -> bool:
+        """Try to write what recovery could not; leave read-only mode on success."""
+        if not self.read_only:
+            return True
+        try:
+            self.sync_objects()
+        except ResourceExhaustedError:
+            return False
+        self.fail_stop.read_only = None
+        log.warning("disk space is back: stratad accepts writes again")
+        self._notify_writable(True)
+        return True
+
+    def on_writable_change(self, listener: Callable[[bool], None]) -> None:
+        """Call `listener(writable)` whenever read-only mode begins or ends."""
+        self._writable_listeners.append(listener)
+
+    def _notify_writable(self, writable: bool) -> None:
+        for listener in list(self._writable_listeners):
+            listener(writable)
+
     # -- background syncing --------------------------------------------------
 
     def start(self) -> None:
@@ -142,6 +181,8 @@ class Store:
         self._hooks.append(hook)
 
     def _sync_once(self) -> None:
+        if not self.retry_read_only():
+            return  # still full: no compaction may drop the journals' object copies
         if self.durability == "interval":
             for journal in list(self._journals):
                 if journal.dirty:
