@@ -295,9 +295,7 @@ class ArchiveReader:
         member = self._members.get(name)
         if member is None:
             raise ArchiveError(f"the archive has no {name}")
-        # A sparse member reads as its declared size from a few bytes on disk.
-        if not member.isreg() or member.issparse():
-            raise ArchiveError(f"{name} is not a regular file")
+        _check_plain(name, member)
         if member.size > limit:
             raise ArchiveError(f"{name} is larger than {limit} bytes ({member.size})")
         return member
@@ -362,8 +360,7 @@ class ArchiveReader:
         for name, member in self._members.items():
             if name not in expected:
                 raise ArchiveError(f"unexpected entry {name!r} in the archive")
-            if not member.isreg() or member.issparse():
-                raise ArchiveError(f"{name} is not a regular file")
+            _check_plain(name, member)
         for name, (size, _) in listed.items():
             if _CHUNK_NAME.fullmatch(name) is None:
                 raise ArchiveError(f"unexpected entry {name!r} in the manifest")
@@ -458,6 +455,14 @@ class ArchiveReader:
     def states(self) -> Iterator[tuple[ArchivedCheckpoint, bytes]]:
         for cp in self.manifest.checkpoints:
             yield cp, self.state(cp)
+
+
+def _check_plain(name: str, member: tarfile.TarInfo) -> None:
+    if not member.isreg():
+        raise ArchiveError(f"{name} is not a regular file")
+    if member.issparse():
+        # Its size is mostly holes: a few bytes on disk read as gigabytes of zeros.
+        raise ArchiveError(f"{name} is a sparse file ({member.size} bytes)")
 
 
 class _ClampedFile(io.FileIO):
