@@ -25,7 +25,8 @@ size is checked against a fixed limit before anything is read or decompressed:
 a member against the size its kind allows, a checkpoint's declared size
 against the daemon's maximum state size, and while a state is reassembled its
 running total against its declared size (decompression stops at the first
-byte over). Reading holds at most one checkpoint's state plus one chunk.
+byte over). Reading holds at most one checkpoint's state, one chunk, and a
+cache of chunks no larger than CHUNK_CACHE_BYTES or the state limit.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ MAX_STORED_CHUNK_BYTES = MAX_CHUNK_BYTES + (64 << 10)
 MAX_MANIFEST_BYTES = 64 << 20
 #: The daemon's default maximum state size; `ArchiveReader` refuses a larger checkpoint.
 DEFAULT_MAX_STATE_BYTES = 64 << 20
+#: Decompressed chunks kept while reassembling states (successive checkpoints share
+#: most of theirs, and decoding them again costs ~8x); never more than the state limit.
+CHUNK_CACHE_BYTES = 16 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _CHUNK_NAME = re.compile(r"chunks/([0-9a-f]{64})\.zst")
 
@@ -274,6 +278,9 @@ class ArchiveReader:
             raise ArchiveError(f"{path} is not a readable tar archive: {exc}") from None
         #: chunk digest -> decompressed length, learned by `verify`
         self._lengths: dict[str, int] = {}
+        self._cache: dict[str, bytes] = {}
+        self._cache_bytes = 0
+        self._cache_limit = min(CHUNK_CACHE_BYTES, max_state_bytes)
         try:
             self.manifest = self._read_manifest()
         except BaseException:
@@ -421,6 +428,23 @@ class ArchiveReader:
 
     def _piece(self, cp: ArchivedCheckpoint, digest: str, room: int) -> bytes:
         """One chunk of ``cp``'s state, of at most ``room`` bytes (what its size has left)."""
+        data = self._cache.get(digest)
+        if data is None:
+            data = self._decode_piece(cp, digest, room)
+            self._remember(digest, data)
+        if len(data) > room:
+            raise self._overrun(cp)
+        return data
+
+    def _remember(self, digest: str, data: bytes) -> None:
+        if self._cache_bytes + len(data) > self._cache_limit:
+            self._cache.clear()
+            self._cache_bytes = 0
+        if len(data) <= self._cache_limit:
+            self._cache[digest] = data
+            self._cache_bytes += len(data)
+
+    def _decode_piece(self, cp: ArchivedCheckpoint, digest: str, room: int) -> bytes:
         stored = self._stored_chunk(chunk_entry(digest))
         try:
             return self._decode_chunk(digest, stored, min(room, MAX_CHUNK_BYTES))
