@@ -56,8 +56,8 @@ CHUNK_DIR = "chunks/"
 MAX_CHUNK_BYTES = 4 << 20
 #: No stored chunk is larger: zstd's worst case for MAX_CHUNK_BYTES is +1/256 and a header.
 MAX_STORED_CHUNK_BYTES = MAX_CHUNK_BYTES + (64 << 10)
-#: A manifest larger than this is not one stratad wrote (it lists ~70 bytes per chunk
-#: reference: a thousand checkpoints of 64 MiB each still fit).
+#: A manifest larger than this is not one stratad wrote. It takes ~70 bytes per chunk
+#: reference (~8 KiB of state): ~7 GiB of states in all, a thousand of 7 MiB.
 MAX_MANIFEST_BYTES = 64 << 20
 #: The daemon's default maximum state size; `ArchiveReader` refuses a larger checkpoint.
 DEFAULT_MAX_STATE_BYTES = 64 << 20
