@@ -444,6 +444,41 @@ def test_import_refuses_a_damaged_archive(
     assert ctl(target.target, "import", str(archive)).returncode == 0
 
 
+def test_import_bounds_state_sizes(start_daemon: StartDaemon, ctl: Ctl, tmp_path: Path) -> None:
+    source = start_daemon()
+    with stratad.Client(source.target) as client:
+        client.create_session("z")
+        client.save_state("z", bytes(1 << 20))  # 1 MiB of zeros: one chunk, referenced 32 times
+    archive = tmp_path / "z.tar"
+    assert ctl(source.target, "export", "z", "-o", str(archive)).returncode == 0
+
+    def repeat_chunks(data: bytes) -> bytes:
+        manifest = json.loads(data)
+        manifest["checkpoints"][0]["chunks"] *= 200  # 200 MiB of zeros, 1 MiB declared
+        return json.dumps(manifest).encode()
+
+    bomb = tmp_path / "bomb.tar"
+    damage_member(archive, bomb, MANIFEST, repeat_chunks)
+    resigned = tmp_path / "bomb-signed.tar"
+    with tarfile.open(bomb) as tar:
+        manifest = tar.extractfile(MANIFEST).read()  # type: ignore[union-attr]
+    damage_member(bomb, resigned, MANIFEST_DIGEST, lambda _: native.digest_hex(manifest).encode())
+
+    target = start_daemon()
+    limit = str(1 << 20)
+    result = ctl(target.target, "import", "--max-state-bytes", limit, str(resigned))
+    assert result.returncode == 1
+    assert b"refusing the archive: checkpoint " in result.stderr
+    assert b"its chunks add up to more than the 1048576 bytes it declares" in result.stderr
+    result = ctl(target.target, "import", "--max-state-bytes", str((1 << 20) - 1), str(archive))
+    assert result.returncode == 1
+    assert b"more than the maximum state size of 1048575 bytes" in result.stderr
+    with stratad.Client(target.target) as client:
+        assert list(client.list_sessions()) == []
+    assert ctl(target.target, "import", "--max-state-bytes", limit, str(archive)).returncode == 0
+    assert ctl(target.target, "import", "--max-state-bytes", "0", str(archive)).returncode == 2
+
+
 def test_usage_errors_exit_2(run_stratad: Run) -> None:
     result = run_stratad("ctl", "sessions")
     assert result.returncode == 2

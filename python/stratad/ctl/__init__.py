@@ -31,6 +31,13 @@ TENANT_ENV = "STRATAD_TENANT"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``ctl`` and its subcommands to the ``stratad`` parser."""
     ctl = commands.add_parser(
@@ -120,6 +127,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--verify-only",
         action="store_true",
         help="check the archive and exit; send nothing to the daemon",
+    )
+    imp.add_argument(
+        "--max-state-bytes",
+        type=_positive_int,
+        # archive.DEFAULT_MAX_STATE_BYTES, not imported: the parser stays light
+        default=64 << 20,
+        metavar="N",
+        help="refuse a checkpoint whose state is larger; set it to the daemon's maximum "
+        "state size (default: %(default)s, 64 MiB)",
     )
 
 

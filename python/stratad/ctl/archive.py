@@ -17,6 +17,16 @@ importer sends anything to a daemon: the manifest's own digest, its schema,
 every entry's size and digest, no entry unlisted (and nothing but regular
 files with expected names), every chunk's decompressed digest, and every
 checkpoint's reassembled size and digest.
+
+An archive is untrusted input, and a small one can claim a lot: a tar header
+or manifest entry can declare gigabytes, a zstd chunk of zeros expands
+thousandfold, and a checkpoint can list one chunk thousands of times. So every
+size is checked against a fixed limit before anything is read or decompressed:
+a member against the size its kind allows, a checkpoint's declared size
+against the daemon's maximum state size, and while a state is reassembled its
+running total against its declared size (decompression stops at the first
+byte over). Reading holds at most one checkpoint's state, one chunk, and a
+cache of chunks no larger than CHUNK_CACHE_BYTES or the state limit.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from stratad import __version__, native
-from stratad.errors import DataLossError
+from stratad.errors import DataLossError, DecompressionLimitError, ResourceExhaustedError
 
 FORMAT = "stratad-session-archive"
 FORMAT_VERSION = 1
@@ -44,10 +54,16 @@ MANIFEST_DIGEST = "MANIFEST.json.blake3"
 CHUNK_DIR = "chunks/"
 #: No chunk of an archive decompresses to more than this (FastCDC's maximum is 32 KiB).
 MAX_CHUNK_BYTES = 4 << 20
-#: A manifest larger than this is not one stratad wrote.
-MAX_MANIFEST_BYTES = 1 << 30
-#: Decompressed chunks kept in memory while reassembling states.
-CHUNK_CACHE_BYTES = 256 << 20
+#: No stored chunk is larger: zstd's worst case for MAX_CHUNK_BYTES is +1/256 and a header.
+MAX_STORED_CHUNK_BYTES = MAX_CHUNK_BYTES + (64 << 10)
+#: A manifest larger than this is not one stratad wrote. It takes ~70 bytes per chunk
+#: reference (~8 KiB of state): ~7 GiB of states in all, a thousand of 7 MiB.
+MAX_MANIFEST_BYTES = 64 << 20
+#: The daemon's default maximum state size; `ArchiveReader` refuses a larger checkpoint.
+DEFAULT_MAX_STATE_BYTES = 64 << 20
+#: Decompressed chunks kept while reassembling states (successive checkpoints share
+#: most of theirs, and decoding them again costs ~8x); never more than the state limit.
+CHUNK_CACHE_BYTES = 16 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _CHUNK_NAME = re.compile(r"chunks/([0-9a-f]{64})\.zst")
 
@@ -213,6 +229,13 @@ class ArchiveWriter:
 
     def close(self) -> None:
         document = json.dumps(self.manifest.to_json(), indent=1, sort_keys=True).encode()
+        if len(document) > MAX_MANIFEST_BYTES:
+            # Refuse now rather than write an archive that no import accepts.
+            self.discard()
+            raise ResourceExhaustedError(
+                f"the archive's manifest would be {len(document)} bytes, more than an import "
+                f"accepts ({MAX_MANIFEST_BYTES}): export fewer checkpoints"
+            )
         self._add(MANIFEST, document, listed=False)
         self._add(MANIFEST_DIGEST, (native.digest_hex(document) + "\n").encode(), listed=False)
         self._tar.close()
@@ -234,21 +257,39 @@ class ArchiveWriter:
 
 
 class ArchiveReader:
-    """An archive opened for import; `verify` must pass before `states` is used."""
+    """An archive opened for import; `verify` must pass before `states` is used.
 
-    def __init__(self, path: Path) -> None:
+    A checkpoint declaring more than ``max_state_bytes`` is refused: the daemon
+    would refuse its state anyway, and it bounds what reading one costs.
+    """
+
+    def __init__(self, path: Path, *, max_state_bytes: int = DEFAULT_MAX_STATE_BYTES) -> None:
         self.path = path
+        self.max_state_bytes = max_state_bytes
         try:
-            self._tar = tarfile.open(path, mode="r:")  # noqa: SIM115 (closed by close())
+            self._file = _ClampedFile(path)
+        except OSError as exc:
+            raise ArchiveError(f"{path} is not a readable tar archive: {exc}") from None
+        try:
+            self._tar = tarfile.open(fileobj=self._file, mode="r:")  # noqa: SIM115 (closed by close())
             self._members = {m.name: m for m in self._tar.getmembers()}
         except (OSError, tarfile.TarError, EOFError) as exc:
+            self._file.close()
             raise ArchiveError(f"{path} is not a readable tar archive: {exc}") from None
-        self.manifest = self._read_manifest()
+        #: chunk digest -> decompressed length, learned by `verify`
+        self._lengths: dict[str, int] = {}
         self._cache: dict[str, bytes] = {}
         self._cache_bytes = 0
+        self._cache_limit = min(CHUNK_CACHE_BYTES, max_state_bytes)
+        try:
+            self.manifest = self._read_manifest()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         self._tar.close()
+        self._file.close()
 
     def __enter__(self) -> ArchiveReader:
         return self
@@ -256,18 +297,22 @@ class ArchiveReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _member_bytes(self, name: str, limit: int) -> bytes:
+    def _member(self, name: str, limit: int) -> tarfile.TarInfo:
+        """The member ``name``, checked to be a plain file of at most ``limit`` bytes."""
         member = self._members.get(name)
         if member is None:
             raise ArchiveError(f"the archive has no {name}")
-        if not member.isreg():
-            raise ArchiveError(f"{name} is not a regular file")
+        _check_plain(name, member)
         if member.size > limit:
-            raise ArchiveError(f"{name} is larger than {limit} bytes")
+            raise ArchiveError(f"{name} is larger than {limit} bytes ({member.size})")
+        return member
+
+    def _member_bytes(self, name: str, limit: int) -> bytes:
+        member = self._member(name, limit)
         try:
             f = self._tar.extractfile(member)
             assert f is not None
-            data = f.read()
+            data = f.read(member.size)
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise ArchiveError(f"cannot read {name}: {exc}") from None
         if len(data) != member.size:
@@ -291,65 +336,141 @@ class ArchiveReader:
     def verify(self, progress: Any = None) -> None:
         """Check every entry and every checkpoint; raise `ArchiveError` at the first problem.
 
+        Every declared size is checked before anything is decompressed.
         ``progress``, if given, is called as ``progress(done, total)`` per entry.
         """
-        listed = self.manifest.entries
-        expected = set(listed) | {MANIFEST, MANIFEST_DIGEST}
-        for name, member in self._members.items():
-            if name not in expected:
-                raise ArchiveError(f"unexpected entry {name!r} in the archive")
-            if not member.isreg():
-                raise ArchiveError(f"{name} is not a regular file")
-        total = len(listed) + len(self.manifest.checkpoints)
+        self._check_members()
+        for cp in self.manifest.checkpoints:
+            self._check_state_size(cp)
+        total = len(self.manifest.entries) + len(self.manifest.checkpoints)
         done = 0
-        for name, (size, digest) in sorted(listed.items()):
-            match = _CHUNK_NAME.fullmatch(name)
-            if match is None:
-                raise ArchiveError(f"unexpected entry {name!r} in the manifest")
-            stored = self._member_bytes(name, size)
-            if len(stored) != size:
-                raise ArchiveError(f"{name}: {len(stored)} bytes, the manifest says {size}")
+        for name, (_, digest) in sorted(self.manifest.entries.items()):
+            stored = self._stored_chunk(name)
             if native.digest_hex(stored) != digest:
                 raise ArchiveError(f"{name} does not match its BLAKE3 digest")
-            self._decode_chunk(match.group(1), stored)
+            chunk = name[len(CHUNK_DIR) : -len(".zst")]
+            self._lengths[chunk] = len(self._decode_chunk(chunk, stored, MAX_CHUNK_BYTES))
             done += 1
             if progress is not None:
                 progress(done, total)
         for cp in self.manifest.checkpoints:
-            for digest in cp.chunks:
-                if chunk_entry(digest) not in listed:
-                    raise ArchiveError(f"checkpoint {cp.checkpoint_id}: chunk {digest} is missing")
+            self._check_chunk_total(cp)
             self.state(cp)
             done += 1
             if progress is not None:
                 progress(done, total)
 
-    def _decode_chunk(self, digest: str, stored: bytes) -> bytes:
+    def _check_members(self) -> None:
+        """Exactly the listed regular files, each of the size the manifest gives."""
+        listed = self.manifest.entries
+        expected = set(listed) | {MANIFEST, MANIFEST_DIGEST}
+        for name, member in self._members.items():
+            if name not in expected:
+                raise ArchiveError(f"unexpected entry {name!r} in the archive")
+            _check_plain(name, member)
+        for name, (size, _) in listed.items():
+            if _CHUNK_NAME.fullmatch(name) is None:
+                raise ArchiveError(f"unexpected entry {name!r} in the manifest")
+            if size > MAX_STORED_CHUNK_BYTES:
+                raise ArchiveError(
+                    f"{name}: the manifest says {size} bytes, more than a chunk can be "
+                    f"({MAX_STORED_CHUNK_BYTES})"
+                )
+            member = self._member(name, MAX_STORED_CHUNK_BYTES)
+            if member.size != size:
+                raise ArchiveError(f"{name}: {member.size} bytes, the manifest says {size}")
+
+    def _check_state_size(self, cp: ArchivedCheckpoint) -> None:
+        if cp.size > self.max_state_bytes:
+            raise ArchiveError(
+                f"checkpoint {cp.checkpoint_id} declares a state of {cp.size} bytes, more than "
+                f"the maximum state size of {self.max_state_bytes} bytes (--max-state-bytes)"
+            )
+
+    def _check_chunk_total(self, cp: ArchivedCheckpoint) -> None:
+        """Its chunks (lengths known from `verify`) add up to its declared size."""
+        total = 0
+        for digest in cp.chunks:
+            if chunk_entry(digest) not in self.manifest.entries:
+                raise ArchiveError(f"checkpoint {cp.checkpoint_id}: chunk {digest} is missing")
+            total += self._lengths[digest]
+            if total > cp.size:
+                raise self._overrun(cp)
+        if total != cp.size:
+            raise ArchiveError(
+                f"checkpoint {cp.checkpoint_id}: its chunks add up to {total} bytes, "
+                f"it declares {cp.size}"
+            )
+
+    def _overrun(self, cp: ArchivedCheckpoint) -> ArchiveError:
+        return ArchiveError(
+            f"checkpoint {cp.checkpoint_id}: its chunks add up to more than the "
+            f"{cp.size} bytes it declares"
+        )
+
+    def _stored_chunk(self, name: str) -> bytes:
+        if name not in self.manifest.entries:
+            raise ArchiveError(f"{name} is not listed in the manifest")
+        size, _ = self.manifest.entries[name]
+        return self._member_bytes(name, min(size, MAX_STORED_CHUNK_BYTES))
+
+    def _decode_chunk(self, digest: str, stored: bytes, limit: int) -> bytes:
+        """The chunk's bytes; `DecompressionLimitError` past ``limit`` bytes."""
         try:
-            data = native.decompress(stored, MAX_CHUNK_BYTES)
+            data = native.decompress(stored, limit)
+        except DecompressionLimitError:
+            raise
         except Exception as exc:
             raise ArchiveError(f"chunk {digest} does not decompress: {exc}") from None
         if native.digest_hex(data) != digest:
             raise ArchiveError(f"chunk {digest} does not match its BLAKE3 digest")
         return data
 
-    def _chunk(self, digest: str) -> bytes:
+    def _piece(self, cp: ArchivedCheckpoint, digest: str, room: int) -> bytes:
+        """One chunk of ``cp``'s state, of at most ``room`` bytes (what its size has left)."""
         data = self._cache.get(digest)
         if data is None:
-            name = chunk_entry(digest)
-            size, _ = self.manifest.entries[name]
-            data = self._decode_chunk(digest, self._member_bytes(name, size))
-            if self._cache_bytes + len(data) > CHUNK_CACHE_BYTES:
-                self._cache.clear()
-                self._cache_bytes = 0
+            data = self._decode_piece(cp, digest, room)
+            self._remember(digest, data)
+        if len(data) > room:
+            raise self._overrun(cp)
+        return data
+
+    def _remember(self, digest: str, data: bytes) -> None:
+        if self._cache_bytes + len(data) > self._cache_limit:
+            self._cache.clear()
+            self._cache_bytes = 0
+        if len(data) <= self._cache_limit:
             self._cache[digest] = data
             self._cache_bytes += len(data)
-        return data
+
+    def _decode_piece(self, cp: ArchivedCheckpoint, digest: str, room: int) -> bytes:
+        stored = self._stored_chunk(chunk_entry(digest))
+        try:
+            return self._decode_chunk(digest, stored, min(room, MAX_CHUNK_BYTES))
+        except DecompressionLimitError:
+            if room < MAX_CHUNK_BYTES:
+                raise self._overrun(cp) from None
+            raise ArchiveError(
+                f"chunk {digest} decompresses to more than {MAX_CHUNK_BYTES} bytes"
+            ) from None
 
     def state(self, cp: ArchivedCheckpoint) -> bytes:
         """The checkpoint's state, reassembled and checked against its size and digest."""
-        data = b"".join(self._chunk(d) for d in cp.chunks)
-        if len(data) != cp.size or native.digest_hex(data) != cp.digest:
+        self._check_state_size(cp)
+        # BytesIO grows in place and getvalue() hands over its buffer without a copy:
+        # one state in memory, not the pieces plus their join.
+        buffer = io.BytesIO()
+        for digest in cp.chunks:
+            buffer.write(self._piece(cp, digest, cp.size - buffer.tell()))
+        if buffer.tell() != cp.size:
+            raise ArchiveError(
+                f"checkpoint {cp.checkpoint_id}: its chunks add up to {buffer.tell()} bytes, "
+                f"it declares {cp.size}"
+            )
+        data = buffer.getvalue()
+        buffer.close()
+        if native.digest_hex(data) != cp.digest:
             raise ArchiveError(
                 f"checkpoint {cp.checkpoint_id}: the reassembled state does not match its digest"
             )
@@ -358,6 +479,33 @@ class ArchiveReader:
     def states(self) -> Iterator[tuple[ArchivedCheckpoint, bytes]]:
         for cp in self.manifest.checkpoints:
             yield cp, self.state(cp)
+
+
+def _check_plain(name: str, member: tarfile.TarInfo) -> None:
+    if not member.isreg():
+        raise ArchiveError(f"{name} is not a regular file")
+    if member.issparse():
+        # Its size is mostly holes: a few bytes on disk read as gigabytes of zeros.
+        raise ArchiveError(f"{name} is a sparse file ({member.size} bytes)")
+
+
+class _ClampedFile(io.FileIO):
+    """A file opened for reading whose reads never ask for more than is left of it.
+
+    tarfile reads a PAX or GNU long-name header with one ``read`` of the size
+    the header claims, and Python allocates that size before reading: clamped,
+    a forged header costs at most the archive's own size.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "rb")
+        self._size = os.fstat(self.fileno()).st_size
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        left = max(0, self._size - self.tell())
+        if size is None or size < 0 or size > left:
+            size = left
+        return super().read(size) or b""
 
 
 def _parse_manifest(raw: Any) -> Manifest:
@@ -439,8 +587,10 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 __all__ = [
+    "DEFAULT_MAX_STATE_BYTES",
     "FORMAT",
     "FORMAT_VERSION",
+    "MAX_MANIFEST_BYTES",
     "ArchiveError",
     "ArchiveReader",
     "ArchiveWriter",

@@ -470,7 +470,7 @@ def cmd_import(ctl: Ctl, args: argparse.Namespace) -> int:
     path = Path(args.archive)
     if not path.is_file():
         raise CtlError(f"{path}: no such archive")
-    with ArchiveReader(path) as reader:
+    with ArchiveReader(path, max_state_bytes=args.max_state_bytes) as reader:
         manifest = reader.manifest
         with ctl.progress(f"check {path.name}") as progress:
             reader.verify(lambda done, total: progress.update(done, total))
