@@ -23,10 +23,12 @@ from stratad.errors import InvalidArgumentError
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LogFormat = Literal["text", "json"]
 Durability = Literal["fsync", "interval", "none"]
+Replication = Literal["off", "async", "sync"]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS: Final = ("text", "json")
 DURABILITY_MODES: Final = ("fsync", "interval", "none")
+REPLICATION_MODES: Final = ("off", "async", "sync")
 ENV_PREFIX: Final = "STRATAD_"
 CONFIG_FILE_ENV: Final = "STRATAD_CONFIG"
 MIB: Final = 1024 * 1024
@@ -54,6 +56,11 @@ class Config:
     fsync_interval_ms: int = 100
     metrics_listen: str = "127.0.0.1:9464"
     metrics_stats_interval: float = 30.0
+    replication: Replication = "off"
+    remote_url: str = ""
+    replication_lag_ms: int = 1000
+    replication_lease_ms: int = 10_000
+    node_id: str = ""
 
     def __post_init__(self) -> None:
         # Code (tests, embedders) may build a Config directly: hold it to the
@@ -61,6 +68,8 @@ class Config:
         for option in OPTIONS:
             value = _parse_value(option, getattr(self, option.name), "Config field")
             object.__setattr__(self, option.name, value)
+        if self.replication != "off" and not self.remote_url:
+            raise ConfigError(f"replication = {self.replication!r} needs a remote_url")
 
     @property
     def is_unix_socket(self) -> bool:
@@ -123,6 +132,23 @@ def _parse_metrics_listen(raw: object) -> str:
     if value.startswith("unix:"):
         raise ValueError("the metrics endpoint is HTTP on TCP: expected HOST:PORT, or off")
     return _parse_listen(value)
+
+
+def _parse_remote_url(raw: object) -> str:
+    value = _parse_str(raw).strip()
+    if value.lower() in _OFF:
+        return ""
+    scheme, sep, rest = value.partition("://")
+    if not sep or not scheme or not rest:
+        raise ValueError("expected a URL such as s3://bucket/prefix or file:///path")
+    return value
+
+
+def _parse_node_id(raw: object) -> str:
+    value = _parse_str(raw).strip()
+    if len(value) > 128 or any(not (ch.isalnum() or ch in "-_.:") for ch in value):
+        raise ValueError("at most 128 letters, digits and - _ . :")
+    return value
 
 
 def _parse_path(raw: object) -> Path:
@@ -273,6 +299,38 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "before a scrape computes it again; 0 = on every scrape",
         "SECONDS",
     ),
+    Option(
+        "replication",
+        _choice(*REPLICATION_MODES),
+        "replicate sessions to object storage (remote_url): off, async (shipped within "
+        "replication_lag_ms) or sync (acknowledged once in object storage)",
+        "MODE",
+    ),
+    Option(
+        "remote_url",
+        _parse_remote_url,
+        "object storage for replication: s3://bucket/prefix, gs://..., az://..., file:///dir; "
+        "credentials and endpoint from the standard AWS_*/GOOGLE_*/AZURE_* variables",
+        "URL",
+    ),
+    Option(
+        "replication_lag_ms",
+        _number(int, 1),
+        "async replication: milliseconds between shipments (the loss window)",
+        "MS",
+    ),
+    Option(
+        "replication_lease_ms",
+        _number(int, 100),
+        "how long a daemon's ownership of a session lasts without a write",
+        "MS",
+    ),
+    Option(
+        "node_id",
+        _parse_node_id,
+        "this daemon's name in session leases; default: host name and process ID",
+        "NAME",
+    ),
 )
 OPTIONS_BY_NAME: Final = {option.name: option for option in OPTIONS}
 
@@ -360,5 +418,6 @@ __all__ = [
     "LogFormat",
     "LogLevel",
     "Option",
+    "Replication",
     "load_config",
 ]

@@ -60,6 +60,11 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "fsync_interval_ms": "50",
         "metrics_listen": "localhost:9090",
         "metrics_stats_interval": "5",
+        "replication": "sync",
+        "remote_url": "s3://bucket/prefix",
+        "replication_lag_ms": "250",
+        "replication_lease_ms": "5000",
+        "node_id": "pod-1",
     }
     assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
     if layer == "file":
@@ -84,7 +89,17 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         fsync_interval_ms=50,
         metrics_listen="localhost:9090",
         metrics_stats_interval=5.0,
+        replication="sync",
+        remote_url="s3://bucket/prefix",
+        replication_lag_ms=250,
+        replication_lease_ms=5000,
+        node_id="pod-1",
     )
+
+
+def test_replication_needs_a_remote_url() -> None:
+    with pytest.raises(ConfigError, match="remote_url"):
+        load_config(environ={"STRATAD_REPLICATION": "async"})
 
 
 def test_config_file_from_environment(tmp_path: Path) -> None:

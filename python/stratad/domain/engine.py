@@ -13,10 +13,12 @@ from stratad.domain.cognitive import Cognitive
 from stratad.domain.crystals import CrystalLibraries
 from stratad.domain.events import EventHub
 from stratad.domain.profiles import Profiles
+from stratad.domain.replication import Replicator
 from stratad.domain.sessions import SessionManager
 from stratad.domain.tasks import Tasks
 from stratad.domain.writes import CheckpointExtras
 from stratad.store.commit import GroupCommitter
+from stratad.store.remote import RemoteTier
 from stratad.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,18 @@ class Engine:
         self.profiles = Profiles(self.store, compact_min_bytes=compact_min_bytes)
         self.crystals = CrystalLibraries(self.store, compact_min_bytes=compact_min_bytes)
         self.committer = GroupCommitter()
+        self.replicator: Replicator | None = None
+
+    def replicate_to(
+        self, remote: RemoteTier, *, mode: str, node_id: str, lag: float, lease: float
+    ) -> Replicator:
+        """Replicate sessions to `remote` (call before `open`); see domain/replication.py."""
+        self.replicator = Replicator(
+            self.sessions, remote, mode=mode, node_id=node_id, lag=lag, lease=lease
+        )
+        self.sessions.replicator = self.replicator
+        self.store.on_new_object(self.replicator.object_added)
+        return self.replicator
 
     def open(self) -> dict[str, int]:
         """Recover every session and profile journal, then start background syncing."""
@@ -62,10 +76,14 @@ class Engine:
         report.update(self.profiles.recover())
         report.update(self.crystals.recover())
         self.store.start()
+        if self.replicator is not None:
+            self.replicator.start()
         log.info("recovered %s", dict(report) or "an empty store")
         return dict(report)
 
     def close(self) -> None:
+        if self.replicator is not None:
+            self.replicator.close()
         self.committer.stop()
         self.crystals.close()
         self.store.close()

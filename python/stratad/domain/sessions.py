@@ -13,13 +13,14 @@ import base64
 import collections
 import contextlib
 import logging
+import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stratad.domain.events import EventHub, SessionEvent
 from stratad.domain.ids import new_id, validate_id
@@ -35,10 +36,13 @@ from stratad.errors import (
 )
 from stratad.store import journal as journal_mod
 from stratad.store.commit import sync_all
-from stratad.store.fsync import DIR_MODE
+from stratad.store.fsync import DIR_MODE, FILE_MODE
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
 from stratad.store.tenant import TenantStore
+
+if TYPE_CHECKING:
+    from stratad.domain.replication import Replicator
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +162,8 @@ class SessionManager:
         #: Sessions whose journal outgrew its compaction threshold.
         self._to_compact: dict[tuple[str, str], LiveSession] = {}
         store.on_tick(self.compact_requested)
+        #: Set by the engine when sessions replicate to object storage.
+        self.replicator: Replicator | None = None
 
     # -- recovery --------------------------------------------------------------
 
@@ -253,9 +259,63 @@ class SessionManager:
         validate_id(session_id, "session_id")
         with self._lock:
             live = self._sessions.get((tenant, session_id))
+        replicator = self.replicator
+        if live is not None and not live.deleted and replicator and not replicator.fresh(live):
+            live = None  # another daemon moved it on: hydrate its current history
+        missing = live is None or live.deleted
+        # Not here: another daemon may have written it (resume anywhere).
+        if missing and self.replicator and self.replicator.hydrate(tenant, session_id):
+            with self._lock:
+                live = self._sessions.get((tenant, session_id))
         if live is None or live.deleted:
             raise NotFoundError(f"session {session_id!r} not found")
         return live
+
+    def is_loaded(self, tenant: str, session_id: str) -> bool:
+        with self._lock:
+            live = self._sessions.get((tenant, session_id))
+        return live is not None and not live.deleted
+
+    def install(self, tenant: str, session_id: str, journal: bytes) -> LiveSession:
+        """Make a session from a whole journal (hydration from object storage)."""
+        store = self.store.tenant(tenant)
+        path = store.sessions_root / session_id
+        tmp = store.sessions_root / f"{_TRASH_PREFIX}install-{session_id}-{time.time_ns()}"
+        tmp.mkdir(mode=DIR_MODE)
+        fd = os.open(tmp / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        try:
+            os.write(fd, journal)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.store.fsync_dir(tmp)
+        tmp.rename(path)  # whole or absent after a crash (trash is removed at start)
+        self.store.fsync_dir(path.parent)
+        report = collections.Counter[str]()
+        self._recover_session(store, path, report)
+        with self._lock:
+            live = self._sessions.get((tenant, session_id))
+        if live is None:
+            raise DataLossError(f"the replicated journal of session {session_id!r} is empty")
+        return live
+
+    def evict(self, live: LiveSession) -> None:
+        """Forget a session here without deleting it anywhere else (replication)."""
+        with live.lock:
+            if live.deleted:
+                return
+            live.deleted = True
+            live.journal.close()
+            trash = live.path.with_name(f"{_TRASH_PREFIX}{live.state.session_id}-{time.time_ns()}")
+            with contextlib.suppress(OSError):
+                live.path.rename(trash)
+            with self._lock:
+                self._sessions.pop(live.key, None)
+                index = self._checkpoints[live.tenant.name]
+                for checkpoint_id in live.state.checkpoints:
+                    index.pop(checkpoint_id, None)
+        shutil.rmtree(trash, ignore_errors=True)
+        self.hub.publish(live.key, None)
 
     def session_of_checkpoint(self, tenant: str, checkpoint_id: str) -> LiveSession:
         validate_id(checkpoint_id, "checkpoint_id")
@@ -351,6 +411,12 @@ class SessionManager:
             shutil.rmtree(path, ignore_errors=True)
             raise
         journal.sync(offset)
+        if self.replicator is not None:
+            try:
+                self.replicator.session_created(live)
+            except BaseException:
+                self.evict(live)  # it exists elsewhere, or the remote is unreachable
+                raise
         if initial is not None:
             self.mutate_live(live, 0, initial)
         return self.info(tenant, session_id)
@@ -358,6 +424,9 @@ class SessionManager:
     def delete(self, tenant: str, session_id: str, expected_version: int = 0) -> None:
         """Delete a session; its objects become garbage for CollectGarbage."""
         live = self.live(tenant, session_id)
+        if self.replicator is not None:
+            self.replicator.ensure_writable(live)
+            self.replicator.session_deleted(live)
         with live.lock:
             check_usable(live, allow_damaged=True)
             check_version(live, expected_version)
@@ -397,6 +466,8 @@ class SessionManager:
         a batch of mutations shares fsyncs (SaveStates); the caller must not
         acknowledge any of them before `finish` returns.
         """
+        if self.replicator is not None:
+            self.replicator.ensure_writable(live)
         with live.lock:
             check_usable(live)
             check_version(live, expected_version)
@@ -429,7 +500,13 @@ class SessionManager:
     def finish(self, commit: Commit) -> None:
         """Make a batch of mutations durable (one fsync per journal), then announce them."""
         sync_all(commit)
+        self.replicate(commit)
         self.announce(commit)
+
+    def replicate(self, commit: Commit) -> None:
+        """`sync` replication: ship durable mutations before they are acknowledged."""
+        if self.replicator is not None and commit:
+            self.replicator.replicate(p.key for p in commit)
 
     def announce(self, commit: Commit) -> None:
         """Publish the events of durable mutations to their watchers."""
@@ -501,6 +578,8 @@ class SessionManager:
         live.journal = self.store.open_journal(jpath)
         live.snapshot_bytes = live.journal.size
         old.close()
+        if self.replicator is not None:
+            self.replicator.compacted(live)
         log.debug("compacted %s/%s to %d bytes", *live.key, live.snapshot_bytes)
 
     def compact(self, tenant: str, session_id: str) -> None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from typing import Any
 from stratad.config import Config
 from stratad.domain.engine import Engine
 from stratad.store.datadir import DataDir, open_data_dir
+from stratad.store.remote import RemoteTier
 
 #: Worker threads for blocking domain work. Native work releases the GIL and
 #: journal fsyncs of concurrent writers overlap, so this is sized for I/O
@@ -62,6 +65,14 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
             fsync_interval=config.fsync_interval_ms / 1000,
             max_state_bytes=config.max_message_bytes,
         )
+        if config.replication != "off":
+            engine.replicate_to(
+                RemoteTier.from_url(config.remote_url),
+                mode=config.replication,
+                node_id=config.node_id or default_node_id(),
+                lag=config.replication_lag_ms / 1000,
+                lease=config.replication_lease_ms / 1000,
+            )
         engine.open()  # recovery: replay journals, cut torn tails, restore objects
         executor = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="stratad-worker")
         try:
@@ -167,3 +178,8 @@ SERVICES: tuple[ServiceRegistration, ...] = _services()
 
 
 __all__ = ["SERVICES", "Resources", "ServiceRegistration", "open_resources", "service_name"]
+
+
+def default_node_id() -> str:
+    """The host name and PID: unique among the daemons sharing a bucket."""
+    return f"{socket.gethostname()}-{os.getpid()}"

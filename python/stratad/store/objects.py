@@ -21,7 +21,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from stratad import native
@@ -60,6 +60,8 @@ class ObjectStore:
         # an object written after its mark phase started.
         self._written_at: dict[str, float] = {}
         self._dirs: set[str] = set()
+        #: Called with the digest of every object added (replication ships them).
+        self.on_new: Callable[[str], None] | None = None
         # Fan-out directories created since the last sync: their entries in
         # `root` must be made durable with the objects in them.
         self._new_dirs = False
@@ -138,6 +140,8 @@ class ObjectStore:
             self._unsynced[digest] = owner
             self._written_at[digest] = time.time()
             backlog = self._pending_bytes > MAX_PENDING_BYTES
+        if self.on_new is not None:
+            self.on_new(digest)
         if backlog:  # writers outpace the background syncer: help it
             self.flush()
         return len(frame)

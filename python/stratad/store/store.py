@@ -60,6 +60,7 @@ class Store:
         self._hooks: list[Callable[[], None]] = []
         self._syncer: threading.Thread | None = None
         self._writable_listeners: list[Callable[[bool], None]] = []
+        self._object_listeners: list[Callable[[str, str], None]] = []
 
     # -- tenants -------------------------------------------------------------
 
@@ -75,7 +76,25 @@ class Store:
                 root, name, max_object_bytes=self.max_object_bytes, fail_stop=self.fail_stop
             )
             self._tenants[name] = tenant
+            self._watch_objects(tenant)
             return tenant
+
+    def on_new_object(self, listener: Callable[[str, str], None]) -> None:
+        """Call `listener(tenant, digest)` for every object added to any tenant."""
+        self._object_listeners.append(listener)
+        for tenant in self.loaded_tenants():
+            self._watch_objects(tenant)
+
+    def _watch_objects(self, tenant: TenantStore) -> None:
+        if not self._object_listeners:
+            return
+        listeners, name = list(self._object_listeners), tenant.name
+
+        def added(digest: str) -> None:
+            for listener in listeners:
+                listener(name, digest)
+
+        tenant.objects.on_new = added
 
     def existing_tenant_names(self) -> list[str]:
         return sorted(p.name for p in self.tenants_root.iterdir() if p.is_dir())

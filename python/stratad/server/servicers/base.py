@@ -44,6 +44,8 @@ class Servicer:
         commit: Commit = []
         result = fn(*args, commit=commit, **kwargs)
         await self.engine.committer.wait(commit)
+        if self.engine.replicator is not None and self.engine.replicator.mode == "sync":
+            await self.run(self.engine.sessions.replicate, commit)
         self.engine.sessions.announce(commit)
         return result
 

@@ -1,0 +1,385 @@
+"""Replication of sessions to object storage: shipping, leases, hydration.
+
+See docs/replication.md for the model. In short:
+
+- A session's remote history is its local journal, shipped as segments
+  (store/remote.py). Everything a shipped record references is uploaded
+  first (the tenant's new objects, in a pack), so a remote history never
+  names an object the remote lacks.
+- `async`: a background thread ships every `replication_lag` (a daemon loss
+  loses at most that window of acknowledged writes). `sync`: a mutation is
+  acknowledged only after its records are in object storage.
+- One daemon writes a session at a time: it holds the lease in the session's
+  HEAD (owner, epoch, expiry), renewed by every shipment. Every HEAD update is
+  a conditional PUT on the version last seen, so a daemon that lost the lease
+  cannot append to the history: its write fails FAILED_PRECONDITION and its
+  local copy, which may hold what the remote never got, is dropped.
+- A daemon asked for a session it does not have hydrates it: the segments
+  become its local journal, the objects its checkpoints reach are fetched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from stratad.domain.admin import roots
+from stratad.errors import AlreadyExistsError, NotFoundError, StratadError
+from stratad.store import manifest
+from stratad.store.remote import Head, LeaseHeldError, LeaseLostError, RemoteTier
+from stratad.store.tenant import ROOT_CHUNK, ROOT_MANIFEST, TenantStore
+
+if TYPE_CHECKING:
+    from stratad.domain.sessions import LiveSession, SessionManager
+
+log = logging.getLogger(__name__)
+
+REPLICATION_MODES = ("off", "async", "sync")
+#: A HEAD listing more segments than this is rebased: the whole local journal
+#: (at most the compaction threshold) becomes its one segment.
+MAX_SEGMENTS = 32
+#: The owner stops writing this fraction of the lease before it runs out, so
+#: that a clock running slightly behind another daemon's cannot overlap it.
+LEASE_MARGIN = 0.25
+
+
+@dataclass
+class _Shipping:
+    """What this daemon knows of one session's remote side."""
+
+    path: str
+    head: Head | None = None
+    version: dict[str, Any] | None = None
+    #: Bytes of the local journal that the remote history holds.
+    shipped: int = 0
+    #: The local journal was compacted: ship it whole, as the new base.
+    rebase: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Replicator:
+    def __init__(
+        self,
+        sessions: SessionManager,
+        remote: RemoteTier,
+        *,
+        mode: str,
+        node_id: str,
+        lag: float,
+        lease: float,
+    ) -> None:
+        if mode not in ("async", "sync"):
+            raise ValueError(f"replication mode {mode!r} needs no replicator")
+        self.sessions = sessions
+        self.remote = remote
+        self.mode = mode
+        self.node_id = node_id
+        self.lag = lag
+        self.lease = lease
+        self._lock = threading.Lock()
+        self._state: dict[tuple[str, str], _Shipping] = {}
+        self._new_objects: dict[str, dict[str, None]] = {}
+        self._tenant_locks: dict[str, threading.Lock] = {}
+        self._hydrating: dict[tuple[str, str], threading.Lock] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Seconds between a mutation and its shipment, as last measured (metrics).
+        self.last_lag = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Queue the local objects the remote lacks; start shipping in the background."""
+        for tenant in self.sessions.store.loaded_tenants():
+            known = self.remote.known_objects(tenant.name)
+            for digest in tenant.objects.digests():
+                if digest not in known:
+                    self.object_added(tenant.name, digest)
+        self._thread = threading.Thread(target=self._loop, name="stratad-replication", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with contextlib.suppress(StratadError):
+            self.ship_all()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.lag):
+            try:
+                self.ship_all()
+            except Exception:  # keep shipping; each session's failure is logged
+                log.exception("replication round failed")
+
+    # -- hooks from the session manager and the object store -------------------------
+
+    def object_added(self, tenant: str, digest: str) -> None:
+        with self._lock:
+            self._new_objects.setdefault(tenant, {})[digest] = None
+
+    def session_created(self, live: LiveSession) -> None:
+        """Publish a new session: its first segment and a HEAD we own (If-None-Match)."""
+        st = self._shipping(live)
+        with st.lock:
+            existing = self.remote.read_head(st.path)
+            if existing is not None and not existing.head.deleted:
+                raise AlreadyExistsError(
+                    f"session {live.state.session_id!r} already exists (on another daemon)"
+                )
+            if existing is not None:  # a tombstone: take it over from its version
+                st.head, st.version = existing.head, existing.version
+            st.rebase = True
+            self._ship_locked(live, st, claim=True)
+
+    def session_deleted(self, live: LiveSession) -> None:
+        """Leave a tombstone HEAD so that no daemon hydrates the session back."""
+        st = self._shipping(live)
+        with st.lock:
+            if st.head is None:
+                return
+            gone = Head(self.node_id, st.head.epoch, 0.0, [], st.head.next_seq, deleted=True)
+            self.remote.write_head(st.path, gone, st.version)
+        with self._lock:
+            self._state.pop(live.key, None)
+
+    def compacted(self, live: LiveSession) -> None:
+        """The local journal was rewritten: its remote history is rebased on it."""
+        self._shipping(live).rebase = True
+
+    def ensure_writable(self, live: LiveSession) -> None:
+        """Hold the session's lease before a mutation (acquire it if it lapsed)."""
+        st = self._shipping(live)
+        with st.lock:
+            if self._lease_valid(st):
+                return
+            current = self.remote.read_head(st.path)
+            if current is None:  # a local session from before replication: publish it
+                st.rebase = True
+                self._ship_locked(live, st, claim=True)
+                return
+            head = current.head
+            if head.owner != self.node_id and head.lease_until > time.time():
+                if st.head is None or head.segments != st.head.segments:
+                    self._drop_local(live)  # stale: the next read hydrates the current one
+                raise LeaseHeldError(
+                    f"session {live.state.session_id!r} is being written by daemon "
+                    f"{head.owner!r} (lease for another {head.lease_until - time.time():.1f}s); "
+                    "this daemon serves it read-only",
+                    metadata={"owner": head.owner},
+                )
+            if st.head is None or head.segments != st.head.segments or head.deleted:
+                # The history moved on elsewhere: our copy is stale; the next
+                # call hydrates the current one.
+                self._drop_local(live)
+                raise LeaseLostError(
+                    f"session {live.state.session_id!r} was changed by another daemon; "
+                    "retry to continue from its latest state"
+                )
+            claimed = Head(
+                self.node_id, head.epoch + 1, time.time() + self.lease, head.segments,
+                head.next_seq,
+            )  # fmt: skip
+            st.version = self._write_head(live, st, claimed, current.version)
+            st.head = claimed
+
+    def fresh(self, live: LiveSession) -> bool:
+        """Is our copy of the session current? (False: it was dropped; hydrate again.)
+
+        A session whose lease we hold is current by construction; otherwise
+        another daemon may have moved its history on, so its HEAD is checked.
+        """
+        st = self._shipping(live)
+        if self._lease_valid(st):
+            return True
+        current = self.remote.read_head(st.path)
+        if current is None:
+            return True  # never published (a local session from before replication)
+        head = current.head
+        if not head.deleted and st.head is not None and head.segments == st.head.segments:
+            return True
+        self._drop_local(live)
+        return False
+
+    def replicate(self, keys: Iterable[tuple[str, str]]) -> None:
+        """`sync` mode: ship the given sessions now (their writes wait for it)."""
+        if self.mode != "sync":
+            return
+        for key in dict.fromkeys(keys):
+            try:
+                live = self.sessions.live(*key)
+            except NotFoundError:
+                continue
+            st = self._shipping(live)
+            with st.lock:
+                self._ship_locked(live, st)
+
+    # -- shipping ---------------------------------------------------------------------
+
+    def ship_all(self) -> None:
+        for live in self.sessions.all_sessions():
+            st = self._shipping(live)
+            if not st.rebase and st.shipped >= live.journal.size:
+                continue
+            if st.head is None or st.head.owner != self.node_id:
+                continue  # never written here: nothing of ours to ship
+            try:
+                with st.lock:
+                    self._ship_locked(live, st)
+            except StratadError as exc:
+                log.warning("shipping %s/%s failed: %s", *live.key, exc.message)
+
+    def _ship_locked(self, live: LiveSession, st: _Shipping, *, claim: bool = False) -> None:
+        """Upload what the remote lacks of this session, then move its HEAD (st.lock held)."""
+        started = time.time()
+        with live.lock:
+            if live.deleted:
+                return
+            end = live.journal.size
+            rebase = st.rebase or (st.head is not None and len(st.head.segments) >= MAX_SEGMENTS)
+            start = 0 if rebase else st.shipped
+            st.rebase = False
+            data = _read_journal(live, start, end)
+        if not data and not claim:
+            return
+        # Objects first: the records about to be shipped may reference any
+        # object put before they were appended.
+        self._upload_objects(live.tenant)
+        head = st.head
+        epoch = (head.epoch + 1) if claim and head is not None else (head.epoch if head else 1)
+        seq = head.next_seq if head is not None else 0
+        name = f"{epoch:08d}-{seq:012d}"
+        self.remote.put_segment(st.path, name, data)
+        segments = [name] if rebase or head is None else [*head.segments, name]
+        new = Head(self.node_id, epoch, time.time() + self.lease, segments, seq + 1)
+        st.version = self._write_head(live, st, new, st.version)
+        st.head, st.shipped = new, end
+        self.last_lag = time.time() - started
+
+    def _write_head(
+        self, live: LiveSession, st: _Shipping, head: Head, version: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        try:
+            return self.remote.write_head(st.path, head, version)
+        except LeaseLostError:
+            self._drop_local(live)
+            raise
+
+    def _upload_objects(self, tenant: TenantStore) -> None:
+        lock = self._tenant_lock(tenant.name)
+        with lock:  # a pack another thread is uploading is complete when we get here
+            with self._lock:
+                queued = self._new_objects.pop(tenant.name, {})
+            frames = []
+            for digest in queued:
+                if tenant.objects.has(digest):
+                    frames.append((digest, tenant.objects.read_frame(digest)))
+            try:
+                self.remote.upload_pack(tenant.name, frames)
+            except BaseException:
+                with self._lock:  # try again next time
+                    self._new_objects.setdefault(tenant.name, {}).update(queued)
+                raise
+
+    # -- hydration ------------------------------------------------------------------------
+
+    def hydrate(self, tenant: str, session_id: str) -> bool:
+        """Make a session that exists only remotely local; False if it is nowhere."""
+        key = (tenant, session_id)
+        with self._lock:
+            lock = self._hydrating.setdefault(key, threading.Lock())
+        with lock:
+            if self.sessions.is_loaded(tenant, session_id):
+                return True
+            path = RemoteTier.session_path(tenant, session_id)
+            current = self.remote.read_head(path)
+            if current is None or current.head.deleted:
+                return False
+            data = b"".join(self.remote.get_segment(path, s) for s in current.head.segments)
+            live = self.sessions.install(tenant, session_id, data)
+            self._fetch_objects(live)
+            st = self._shipping(live)
+            st.head, st.version, st.shipped = current.head, current.version, live.journal.size
+            log.info("hydrated %s/%s from object storage (%d bytes)", tenant, session_id, len(data))
+            return True
+
+    def _fetch_objects(self, live: LiveSession) -> None:
+        """Fetch every object the session's checkpoints reach that is not local."""
+        store = live.tenant
+        with live.lock:
+            todo = [r for cp in live.state.checkpoints.values() for r in roots(cp)]
+        seen: set[str] = set()
+        while todo:
+            wanted = [(d, k) for d, k in todo if d not in seen]
+            seen.update(d for d, _ in wanted)
+            missing = [d for d, _ in wanted if not store.objects.has(d)]
+            fetched = self.remote.fetch_objects(store.name, missing) if missing else {}
+            for digest, frame in fetched.items():
+                store.objects.put(digest, frame, live.owner)
+            todo = []
+            for digest, kind in wanted:
+                if kind == ROOT_MANIFEST:  # its chunks, and the manifest it is a delta on
+                    m = manifest.decode(store.read_object(digest))
+                    todo.extend((chunk, ROOT_CHUNK) for chunk, _ in manifest.iter_entries(m.added))
+                    if m.base:
+                        todo.append((m.base, ROOT_MANIFEST))
+        # Fetched objects are carried by no journal record: make them durable now.
+        self.sessions.store.persist_objects(store)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _shipping(self, live: LiveSession) -> _Shipping:
+        with self._lock:
+            st = self._state.get(live.key)
+            if st is None:
+                st = self._state[live.key] = _Shipping(RemoteTier.session_path(*live.key))
+            return st
+
+    def _tenant_lock(self, tenant: str) -> threading.Lock:
+        with self._lock:
+            return self._tenant_locks.setdefault(tenant, threading.Lock())
+
+    def _lease_valid(self, st: _Shipping) -> bool:
+        head = st.head
+        if head is None or head.owner != self.node_id or head.deleted:
+            return False
+        return time.time() < head.lease_until - LEASE_MARGIN * self.lease
+
+    def _drop_local(self, live: LiveSession) -> None:
+        """Forget our copy of a session another daemon took over (it may hold unshipped writes)."""
+        with self._lock:
+            self._state.pop(live.key, None)
+        self.sessions.evict(live)
+        log.warning("session %s/%s is owned by another daemon now; dropped our copy", *live.key)
+
+    def status(self) -> dict[str, Any]:
+        """For `stratad ctl replication status` and the metrics."""
+        with self._lock:
+            states = dict(self._state)
+            queued = sum(len(q) for q in self._new_objects.values())
+        owned = [k for k, st in states.items() if st.head and st.head.owner == self.node_id]
+        behind = 0
+        for key in owned:
+            with contextlib.suppress(NotFoundError):
+                live = self.sessions.live(*key)
+                behind += max(live.journal.size - states[key].shipped, 0)
+        return {
+            "mode": self.mode, "node_id": self.node_id, "sessions_owned": len(owned),
+            "bytes_behind": behind, "objects_queued": queued, "last_lag_seconds": self.last_lag,
+        }  # fmt: skip
+
+
+def _read_journal(live: LiveSession, start: int, end: int) -> bytes:
+    if end <= start:
+        return b""
+    fd = os.open(live.journal.path, os.O_RDONLY)
+    try:
+        return os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)

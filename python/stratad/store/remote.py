@@ -1,0 +1,272 @@
+"""The remote tier: a session's history and a tenant's objects in object storage.
+
+Layout under the configured URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
+``file:///`` ... anything obstore opens), see docs/replication.md::
+
+    tenants/<t>/packs/<id>.pack           framed objects, concatenated
+    tenants/<t>/packs/<id>.idx            JSON {"objects": {digest: [offset, length]}}
+    tenants/<t>/sessions/<s>/HEAD         JSON: owner, epoch, lease, segment list
+    tenants/<t>/sessions/<s>/seg/<epoch>-<seq>   journal bytes (records as on disk)
+
+Objects are content-addressed and uploaded in packs (one PUT per shipping
+round, not one per chunk); a pack's index is written after the pack, so an
+index never names bytes that are not there. A session's history is its local
+journal, shipped as immutable segments; the HEAD names, in order, the
+segments that make it up, and is only ever replaced with a conditional PUT
+(If-Match on its e-tag, If-None-Match when it is created): that is the
+ownership lease, and what stops two daemons from forking a history.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import obstore
+from obstore.exceptions import AlreadyExistsError as RemoteExistsError
+from obstore.exceptions import NotFoundError as RemoteNotFoundError
+from obstore.exceptions import PreconditionError as RemotePreconditionError
+
+from stratad.errors import DataLossError, FailedPreconditionError, UnavailableError
+
+HEAD_FORMAT = 1
+
+
+class LeaseLostError(FailedPreconditionError):
+    """Another daemon owns the session now (or its HEAD changed under us)."""
+
+    default_reason = "LEASE_LOST"
+
+
+class LeaseHeldError(FailedPreconditionError):
+    """Another daemon holds the session's lease; this one may only read it."""
+
+    default_reason = "LEASE_HELD"
+
+
+class RemoteUnavailableError(UnavailableError):
+    """Object storage could not be reached or refused a request."""
+
+    default_reason = "REMOTE_UNAVAILABLE"
+
+
+@dataclass
+class Head:
+    """A session's HEAD: who may write it, and which segments make up its history."""
+
+    owner: str
+    epoch: int
+    lease_until: float
+    segments: list[str] = field(default_factory=list)
+    next_seq: int = 0
+    #: The session was deleted (a tombstone, so no daemon hydrates it back).
+    deleted: bool = False
+
+    def to_bytes(self) -> bytes:
+        body = {
+            "format": HEAD_FORMAT, "owner": self.owner, "epoch": self.epoch,
+            "lease_until": self.lease_until, "segments": self.segments,
+            "next_seq": self.next_seq, "deleted": self.deleted,
+        }  # fmt: skip
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Head:
+        try:
+            body = json.loads(raw)
+            if body.get("format") != HEAD_FORMAT:
+                raise ValueError(f"unknown HEAD format {body.get('format')!r}")
+            return cls(
+                str(body["owner"]), int(body["epoch"]), float(body["lease_until"]),
+                [str(s) for s in body["segments"]], int(body["next_seq"]),
+                bool(body.get("deleted", False)),
+            )  # fmt: skip
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataLossError(f"a remote session HEAD is damaged: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class VersionedHead:
+    head: Head
+    #: The store's version of the HEAD object (e-tag), for the next conditional PUT.
+    version: dict[str, Any]
+
+
+class RemoteTier:
+    """Object-storage operations of the replication layer (no domain knowledge)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        # tenant -> digest -> (pack path, offset, length)
+        self._index: dict[str, dict[str, tuple[str, int, int]]] = {}
+        self._seen_indexes: dict[str, set[str]] = {}
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RemoteTier:
+        """Open `url` with obstore (credentials from the standard environment variables)."""
+        try:
+            return cls(obstore.store.from_url(url, **options))
+        except Exception as exc:  # obstore raises its own and ValueError
+            raise RemoteUnavailableError(f"cannot open remote {url!r}: {exc}") from exc
+
+    # -- objects ---------------------------------------------------------------
+
+    def upload_pack(self, tenant: str, objects: Iterable[tuple[str, bytes]]) -> int:
+        """Upload objects the remote lacks as one pack (then its index); bytes sent."""
+        known = self.known_objects(tenant, refresh=False)
+        todo = {d: f for d, f in objects if d not in known}
+        if not todo:
+            return 0
+        name = f"tenants/{tenant}/packs/{uuid.uuid4().hex}"
+        offsets: dict[str, list[int]] = {}
+        parts, pos = [], 0
+        for digest, frame in todo.items():
+            offsets[digest] = [pos, len(frame)]
+            parts.append(frame)
+            pos += len(frame)
+        self._put(f"{name}.pack", b"".join(parts))
+        self._put(f"{name}.idx", json.dumps({"objects": offsets}).encode())
+        with self._lock:
+            index = self._index.setdefault(tenant, {})
+            for digest, (offset, length) in offsets.items():
+                index[digest] = (f"{name}.pack", offset, length)
+            self._seen_indexes.setdefault(tenant, set()).add(f"{name}.idx")
+        return pos
+
+    def known_objects(self, tenant: str, *, refresh: bool = True) -> set[str]:
+        """Digests the remote holds for `tenant` (reads new pack indexes when asked)."""
+        if refresh or tenant not in self._index:
+            self._load_indexes(tenant)
+        with self._lock:
+            return set(self._index.get(tenant, {}))
+
+    def _load_indexes(self, tenant: str) -> None:
+        seen = self._seen_indexes.setdefault(tenant, set())
+        new = [p for p in self._list(f"tenants/{tenant}/packs/") if p.endswith(".idx")]
+        for path in new:
+            if path in seen:
+                continue
+            try:
+                entries = json.loads(self._get(path))["objects"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DataLossError(f"remote pack index {path} is damaged: {exc}") from exc
+            pack = path[: -len(".idx")] + ".pack"
+            with self._lock:
+                index = self._index.setdefault(tenant, {})
+                for digest, (offset, length) in entries.items():
+                    index[digest] = (pack, int(offset), int(length))
+                seen.add(path)
+        with self._lock:
+            self._index.setdefault(tenant, {})
+
+    def fetch_objects(self, tenant: str, digests: Iterable[str]) -> dict[str, bytes]:
+        """Frames of `digests` from their packs; a digest the remote lacks is DATA_LOSS."""
+        wanted = list(dict.fromkeys(digests))
+        with self._lock:
+            index = self._index.get(tenant, {})
+            unknown = [d for d in wanted if d not in index]
+        if unknown:
+            self._load_indexes(tenant)
+        found: dict[str, bytes] = {}
+        by_pack: dict[str, list[tuple[str, int, int]]] = {}
+        with self._lock:
+            index = self._index.get(tenant, {})
+            for digest in wanted:
+                where = index.get(digest)
+                if where is None:
+                    raise DataLossError(
+                        f"object {digest} is in neither the local nor the remote store"
+                    )
+                by_pack.setdefault(where[0], []).append((digest, where[1], where[2]))
+        for pack, items in by_pack.items():
+            starts = [offset for _, offset, _ in items]
+            ends = [offset + length for _, offset, length in items]
+            try:
+                ranges = obstore.get_ranges(self.store, pack, starts=starts, ends=ends)
+            except Exception as exc:
+                raise _unavailable(f"reading {pack}", exc) from exc
+            for (digest, _, _), data in zip(items, ranges, strict=True):
+                found[digest] = bytes(data)
+        return found
+
+    # -- sessions ----------------------------------------------------------------
+
+    @staticmethod
+    def session_path(tenant: str, session_id: str) -> str:
+        return f"tenants/{tenant}/sessions/{session_id}"
+
+    def read_head(self, path: str) -> VersionedHead | None:
+        try:
+            result = obstore.get(self.store, f"{path}/HEAD")
+            raw = bytes(result.bytes())
+        except (RemoteNotFoundError, FileNotFoundError):
+            return None
+        except Exception as exc:
+            raise _unavailable(f"reading {path}/HEAD", exc) from exc
+        meta = result.meta
+        return VersionedHead(Head.from_bytes(raw), _version(meta.get("e_tag"), meta.get("version")))
+
+    def write_head(self, path: str, head: Head, version: dict[str, Any] | None) -> dict[str, Any]:
+        """Create (version None) or replace the HEAD iff it is still at `version`."""
+        mode: Any = "create" if version is None else version
+        try:
+            result = obstore.put(self.store, f"{path}/HEAD", head.to_bytes(), mode=mode)
+        except (RemotePreconditionError, RemoteExistsError) as exc:
+            raise LeaseLostError(
+                f"session {path.rsplit('/', 1)[-1]!r} was changed by another daemon"
+            ) from exc
+        except Exception as exc:
+            raise _unavailable(f"writing {path}/HEAD", exc) from exc
+        return _version(result.get("e_tag"), result.get("version"))
+
+    def put_segment(self, path: str, name: str, data: bytes) -> None:
+        self._put(f"{path}/seg/{name}", data)
+
+    def get_segment(self, path: str, name: str) -> bytes:
+        try:
+            return self._get(f"{path}/seg/{name}")
+        except (RemoteNotFoundError, FileNotFoundError):
+            raise DataLossError(f"remote segment {path}/seg/{name} is missing") from None
+
+    def list_sessions(self, tenant: str) -> list[str]:
+        prefix = f"tenants/{tenant}/sessions/"
+        return sorted(
+            {p[len(prefix) :].split("/", 1)[0] for p in self._list(prefix) if p.endswith("/HEAD")}
+        )
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _put(self, path: str, data: bytes) -> None:
+        try:
+            obstore.put(self.store, path, data, use_multipart=False)
+        except Exception as exc:
+            raise _unavailable(f"writing {path}", exc) from exc
+
+    def _get(self, path: str) -> bytes:
+        try:
+            return bytes(obstore.get(self.store, path).bytes())
+        except (RemoteNotFoundError, FileNotFoundError):
+            raise
+        except Exception as exc:
+            raise _unavailable(f"reading {path}", exc) from exc
+
+    def _list(self, prefix: str) -> list[str]:
+        try:
+            return [meta["path"] for batch in obstore.list(self.store, prefix) for meta in batch]
+        except Exception as exc:
+            raise _unavailable(f"listing {prefix}", exc) from exc
+
+
+def _unavailable(what: str, exc: BaseException) -> RemoteUnavailableError:
+    return RemoteUnavailableError(f"object storage failed while {what}: {exc}")
+
+
+def _version(e_tag: str | None, version: str | None) -> dict[str, Any]:
+    """An obstore UpdateVersion: only the fields the store gave (None is refused)."""
+    found = {"e_tag": e_tag, "version": version}
+    return {k: v for k, v in found.items() if v is not None}

@@ -1,0 +1,137 @@
+"""Replication to object storage, in-process (issue #12; docs/replication.md).
+
+Several `Engine`s (daemons) with their own data directories share one
+obstore `MemoryStore` (obstore's in-memory backend, with the same
+conditional-write semantics as S3). The same scenarios run against a real
+S3 server in tests/e2e/test_replication_s3.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from obstore.store import MemoryStore
+
+from stratad.domain.checkpoints import SaveInput
+from stratad.domain.engine import Engine
+from stratad.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
+from stratad.store.remote import RemoteTier
+
+TENANT = "acme"
+LEASE = 0.5
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
+    remote = RemoteTier(MemoryStore())
+    opened: list[Engine] = []
+
+    def start(name: str, *, mode: str = "sync", data: str = "", **options: float) -> Engine:
+        engine = Engine(tmp_path / (data or name), fsync_interval=0.02, **options)  # type: ignore[arg-type]
+        engine.replicate_to(remote, mode=mode, node_id=name, lag=0.02, lease=LEASE)
+        engine.open()
+        opened.append(engine)
+        return engine
+
+    yield start
+    for engine in opened:
+        engine.close()
+
+
+def save(engine: Engine, session: str, data: bytes) -> str:
+    return engine.checkpoints.save_state(
+        TENANT, session, SaveInput(data=data)
+    ).checkpoint.checkpoint_id
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
+def test_a_daemon_with_an_empty_data_dir_serves_every_acknowledged_checkpoint(
+    daemons: Callable[..., Engine],
+) -> None:
+    a = daemons("a")
+    a.sessions.create(TENANT, "s1", labels={"team": "x"})
+    saved = {save(a, "s1", os.urandom(50_000) + bytes([n]) * 100_000): n for n in range(6)}
+    a.cognitive.initialize(TENANT, "s1", goal="plan the trip")
+    named = a.checkpoints.create_checkpoint(TENANT, "s1", name="milestone")
+
+    b = daemons("b")  # nothing on disk: everything comes from object storage
+    for checkpoint_id, n in saved.items():
+        data = b.checkpoints.load_state(TENANT, "s1", checkpoint_id).data
+        assert data[-100_000:] == bytes([n]) * 100_000
+    assert b.sessions.info(TENANT, "s1").labels == {"team": "x"}
+    listed, _ = b.checkpoints.list_checkpoints(TENANT, "s1", page_size=100)
+    assert len(listed) == 7 and named.checkpoint_id in {c.checkpoint_id for c in listed}
+    assert b.cognitive.state(TENANT, "s1").result["crystallized"]["goal"] == "plan the trip"
+    assert b.admin.verify(TENANT).ok
+
+
+def test_one_writer_at_a_time_and_no_forked_history(daemons: Callable[..., Engine]) -> None:
+    a = daemons("a")
+    a.sessions.create(TENANT, "s1")
+    first = save(a, "s1", b"from a")
+    b = daemons("b")
+    assert b.checkpoints.load_state(TENANT, "s1").data == b"from a"
+    with pytest.raises(FailedPreconditionError) as held:
+        save(b, "s1", b"from b while a holds the lease")
+    assert held.value.reason == "LEASE_HELD" and "'a'" in held.value.message
+
+    time.sleep(LEASE * 1.1)  # a stops writing; its lease runs out
+    second = save(b, "s1", b"from b")
+    with pytest.raises(FailedPreconditionError) as lost:
+        save(a, "s1", b"from a, too late")
+    assert lost.value.reason == "LEASE_HELD"
+    # a now serves b's history, not its stale copy.
+    assert a.checkpoints.load_state(TENANT, "s1").data == b"from b"
+    c = daemons("c")
+    history = [cp.checkpoint_id for cp in c.checkpoints.list_checkpoints(TENANT, "s1")[0]]
+    assert sorted(history) == sorted([first, second])
+
+
+def test_async_mode_ships_within_the_lag(daemons: Callable[..., Engine]) -> None:
+    a = daemons("a", mode="async")
+    assert a.replicator is not None
+    a.sessions.create(TENANT, "s1")
+    ids = [save(a, "s1", os.urandom(20_000)) for _ in range(5)]
+    wait_for(lambda: a.replicator.status()["bytes_behind"] == 0, "shipped")  # type: ignore[union-attr]
+    b = daemons("b")
+    listed = b.checkpoints.list_checkpoints(TENANT, "s1", page_size=100)[0]
+    assert {c.checkpoint_id for c in listed} == set(ids)
+
+
+def test_compacted_journals_rebase_their_remote_history(daemons: Callable[..., Engine]) -> None:
+    a = daemons("a", compact_min_bytes=64 << 10)
+    a.sessions.create(TENANT, "s1")
+    ids = [save(a, "s1", os.urandom(30_000)) for _ in range(12)]
+    wait_for(lambda: a.sessions.live(TENANT, "s1").snapshot_bytes > 0, "a compaction")
+    ids.append(save(a, "s1", b"after the compaction"))
+    b = daemons("b")
+    listed = b.checkpoints.list_checkpoints(TENANT, "s1", page_size=100)[0]
+    assert {c.checkpoint_id for c in listed} == set(ids)
+    assert b.checkpoints.load_state(TENANT, "s1").data == b"after the compaction"
+
+
+def test_deleted_sessions_stay_deleted_and_ids_are_unique_across_daemons(
+    daemons: Callable[..., Engine],
+) -> None:
+    a = daemons("a")
+    a.sessions.create(TENANT, "s1")
+    save(a, "s1", b"x")
+    b = daemons("b")
+    with pytest.raises(AlreadyExistsError):
+        b.sessions.create(TENANT, "s1")
+    a.sessions.delete(TENANT, "s1")
+    c = daemons("c")
+    with pytest.raises(NotFoundError):
+        c.checkpoints.load_state(TENANT, "s1")
+    c.sessions.create(TENANT, "s1")  # the ID is free again
+    assert save(c, "s1", b"new life")
