@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
-from stratad.errors import StratadError
+from stratad.errors import InvalidArgumentError, StratadError
 from stratad.server.logging_setup import current_request_id
 
 _log = logging.getLogger(__name__)
@@ -62,25 +63,122 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 
 def _wrap_handler(handler: Any, method: str) -> Any:
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    # grpc would deserialize the request itself, before any handler code
+    # runs, and answer a malformed one with UNKNOWN ("Unexpected DecodeError")
+    # or INTERNAL; taking raw bytes and parsing them inside the wrapper turns
+    # that into INVALID_ARGUMENT like any other bad input.
+    parse = _request_parser(handler.request_deserializer)
+    kwargs = {"request_deserializer": None, "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
+        behavior = _parse_stream(handler.stream_stream, parse)
         return grpc.stream_stream_rpc_method_handler(
-            _wrap_stream_response(handler.stream_stream, method), **kwargs
+            _wrap_stream_response(behavior, method), **kwargs
         )
     if handler.request_streaming:
+        behavior = _parse_stream(handler.stream_unary, parse)
         return grpc.stream_unary_rpc_method_handler(
-            _wrap_unary_response(handler.stream_unary, method), **kwargs
+            _wrap_unary_response(behavior, method), **kwargs
         )
     if handler.response_streaming:
+        behavior = _parse_unary(handler.unary_stream, parse)
         return grpc.unary_stream_rpc_method_handler(
-            _wrap_stream_response(handler.unary_stream, method), **kwargs
+            _wrap_stream_response(behavior, method), **kwargs
         )
-    return grpc.unary_unary_rpc_method_handler(
-        _wrap_unary_response(handler.unary_unary, method), **kwargs
-    )
+    behavior = _parse_unary(handler.unary_unary, parse)
+    return grpc.unary_unary_rpc_method_handler(_wrap_unary_response(behavior, method), **kwargs)
+
+
+def _request_parser(deserialize: Callable[[bytes], Any] | None) -> Callable[[Any], Any]:
+    """bytes -> request message; a malformed message is INVALID_ARGUMENT."""
+    if deserialize is None:
+        return lambda raw: raw
+    message_class = getattr(deserialize, "__self__", None)
+    name = getattr(getattr(message_class, "DESCRIPTOR", None), "full_name", "request message")
+
+    def parse(raw: Any) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception as exc:  # DecodeError, and whatever a parser raises on garbage
+            raise InvalidArgumentError(
+                f"the request is not a valid {name}: {exc}", reason="MALFORMED_REQUEST"
+            ) from None
+
+    return parse
+
+
+def _parse_unary(behavior: Behavior, parse_raw: Callable[[Any], Any]) -> Behavior:
+    """Parse the request of a unary-request behavior, keeping its kind (see module doc)."""
+
+    def parse(raw: Any) -> Any:
+        request = parse_raw(raw)
+        watch = _current_watch.get()
+        if watch is not None:  # RequestInterceptor logs the request's session
+            watch.request(request)
+        return request
+
+    if inspect.isasyncgenfunction(behavior):
+
+        async def async_generator(request: Any, context: Any) -> AsyncIterator[Any]:
+            async for response in behavior(parse(request), context):
+                yield response
+
+        return async_generator
+    if inspect.iscoroutinefunction(behavior):
+
+        async def coroutine(request: Any, context: Any) -> Any:
+            return await behavior(parse(request), context)
+
+        return coroutine
+    if inspect.isgeneratorfunction(behavior):
+
+        def generator(request: Any, context: Any) -> Iterator[Any]:
+            yield from behavior(parse(request), context)
+
+        return generator
+
+    def function(request: Any, context: Any) -> Any:
+        return behavior(parse(request), context)
+
+    return function
+
+
+def _parse_stream(behavior: Behavior, parse: Callable[[Any], Any]) -> Behavior:
+    """Parse each request of a request-streaming behavior as it arrives."""
+
+    def parsed(requests: Any) -> Any:
+        if hasattr(requests, "__aiter__"):
+
+            async def async_requests() -> AsyncIterator[Any]:
+                async for raw in requests:
+                    yield parse(raw)
+
+            return async_requests()
+        return (parse(raw) for raw in requests)
+
+    if inspect.isasyncgenfunction(behavior):
+
+        async def async_generator(requests: Any, context: Any) -> AsyncIterator[Any]:
+            async for response in behavior(parsed(requests), context):
+                yield response
+
+        return async_generator
+    if inspect.iscoroutinefunction(behavior):
+
+        async def coroutine(requests: Any, context: Any) -> Any:
+            return await behavior(parsed(requests), context)
+
+        return coroutine
+    if inspect.isgeneratorfunction(behavior):
+
+        def generator(requests: Any, context: Any) -> Iterator[Any]:
+            yield from behavior(parsed(requests), context)
+
+        return generator
+
+    def function(requests: Any, context: Any) -> Any:
+        return behavior(parsed(requests), context)
+
+    return function
 
 
 def _wrap_unary_response(behavior: Behavior, method: str) -> Behavior:
@@ -262,6 +360,13 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
+#: The call being observed in this context: the request is parsed inside
+#: ErrorInterceptor (see _wrap_handler), which tells it the request's session.
+_current_watch: contextvars.ContextVar[_Watch | None] = contextvars.ContextVar(
+    "stratad_current_watch", default=None
+)
+
+
 class _Watch:
     """One call being observed: started now, finished once."""
 
@@ -271,6 +376,7 @@ class _Watch:
         self.session = ""
         self.started = time.perf_counter()
         self.token = current_request_id.set(call.request_id)
+        self.watch_token = _current_watch.set(self)
         for observer in observers:
             observer.call_started(call)
 
@@ -292,6 +398,8 @@ class _Watch:
             _log_request(result)
         with contextlib.suppress(ValueError):  # finished in another context
             current_request_id.reset(self.token)
+        with contextlib.suppress(ValueError):
+            _current_watch.reset(self.watch_token)
 
 
 def _final_code(context: Any, exc: BaseException | None) -> str:
