@@ -60,6 +60,8 @@ class _Shipping:
     shipped: int = 0
     #: The local journal was compacted: ship it whole, as the new base.
     rebase: bool = False
+    #: When the oldest write not yet shipped was made (0: all shipped).
+    dirty_since: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -157,6 +159,7 @@ class Replicator:
         """Hold the session's lease before a mutation (acquire it if it lapsed)."""
         st = self._shipping(live)
         with st.lock:
+            st.dirty_since = st.dirty_since or time.time()
             if self._lease_valid(st):
                 return
             current = self.remote.read_head(st.path)
@@ -261,6 +264,9 @@ class Replicator:
         st.version = self._write_head(live, st, new, st.version)
         st.head, st.shipped = new, end
         self.last_lag = time.time() - started
+        with live.lock:
+            if live.journal.size <= end:
+                st.dirty_since = 0.0
 
     def _write_head(
         self, live: LiveSession, st: _Shipping, head: Head, version: dict[str, Any] | None
@@ -364,14 +370,20 @@ class Replicator:
             states = dict(self._state)
             queued = sum(len(q) for q in self._new_objects.values())
         owned = [k for k, st in states.items() if st.head and st.head.owner == self.node_id]
-        behind = 0
+        loaded = {live.key: live for live in self.sessions.all_sessions()}
+        behind, dirty = 0, []
         for key in owned:
-            with contextlib.suppress(NotFoundError):
-                live = self.sessions.live(*key)
-                behind += max(live.journal.size - states[key].shipped, 0)
+            live = loaded.get(key)
+            unshipped = live.journal.size - states[key].shipped if live is not None else 0
+            if unshipped > 0:
+                behind += unshipped
+                dirty.append(states[key].dirty_since or time.time())
+        oldest = min(dirty, default=0.0)
         return {
             "mode": self.mode, "node_id": self.node_id, "sessions_owned": len(owned),
-            "bytes_behind": behind, "objects_queued": queued, "last_lag_seconds": self.last_lag,
+            "bytes_behind": behind, "objects_queued": queued,
+            "lag_seconds": time.time() - oldest if oldest else 0.0,
+            "last_shipment_seconds": self.last_lag,
         }  # fmt: skip
 
 

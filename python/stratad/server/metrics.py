@@ -259,6 +259,7 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         yield from self._session_metrics()
+        yield from self._replication_metrics()
         stats = self._store_stats()
         if stats is None:
             return
@@ -304,6 +305,25 @@ class StoreCollector(Collector):
         ]
         for name, help_text, value in gauges:
             yield GaugeMetricFamily(name, help_text, value=value)
+
+    def _replication_metrics(self) -> Iterator[GaugeMetricFamily]:
+        replicator = self._engine.replicator
+        if replicator is None:
+            return
+        status = replicator.status()
+        for name, help_text, key in (
+            ("stratad_replication_lag_seconds",
+             "Age of the oldest acknowledged write not yet in object storage.", "lag_seconds"),
+            ("stratad_replication_bytes_behind",
+             "Journal bytes acknowledged locally and not yet shipped.", "bytes_behind"),
+            ("stratad_replication_objects_queued",
+             "Objects waiting for their upload.", "objects_queued"),
+            ("stratad_replication_sessions_owned",
+             "Sessions whose lease this daemon holds or held last.", "sessions_owned"),
+            ("stratad_replication_last_shipment_seconds",
+             "Duration of the last shipment (objects, segment, HEAD).", "last_shipment_seconds"),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(name, help_text, value=float(status[key]))
 
     def _session_metrics(self) -> Iterator[GaugeMetricFamily]:
         counts = dict.fromkeys(SessionStatus, 0)

@@ -45,6 +45,17 @@ unix:{{ .Values.stratad.socketDir }}/stratad.sock
 {{- end -}}
 {{- $_ := set $config $key $value -}}
 {{- end -}}
+{{- with .Values.replication -}}
+{{- if ne .mode "off" -}}
+{{- if not .remoteUrl -}}
+{{- fail "replication.mode needs replication.remoteUrl (s3://bucket/prefix)" -}}
+{{- end -}}
+{{- $_ := set $config "replication" .mode -}}
+{{- $_ := set $config "remote_url" .remoteUrl -}}
+{{- $_ := set $config "replication_lag_ms" .lagMs -}}
+{{- $_ := set $config "replication_lease_ms" .leaseMs -}}
+{{- end -}}
+{{- end -}}
 {{- /* Not toToml: YAML numbers are floats, and stratad wants integers as integers. */ -}}
 {{- range $key := keys $config | sortAlpha }}
 {{- $value := get $config $key }}
@@ -116,9 +127,33 @@ spec:
       env:
         - name: STRATAD_CONFIG
           value: /etc/stratad/stratad.toml
+        {{- if ne .Values.replication.mode "off" }}
+        # Each pod owns the sessions it writes under its own name (leases).
+        - name: STRATAD_NODE_ID
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        {{- with .Values.replication.endpoint }}
+        - name: AWS_ENDPOINT_URL
+          value: {{ . | quote }}
+        {{- end }}
+        {{- with .Values.replication.region }}
+        - name: AWS_REGION
+          value: {{ . | quote }}
+        {{- end }}
+        {{- if .Values.replication.allowHttp }}
+        - name: AWS_ALLOW_HTTP
+          value: "true"
+        {{- end }}
+        {{- end }}
         {{- with .Values.stratad.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+      {{- if and (ne .Values.replication.mode "off") .Values.replication.credentialsSecret }}
+      envFrom:
+        - secretRef:
+            name: {{ .Values.replication.credentialsSecret }}
+      {{- end }}
       ports:
         - name: grpc
           containerPort: {{ .Values.stratad.grpcPort }}
