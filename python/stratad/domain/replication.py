@@ -30,9 +30,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stratad.domain.admin import roots
-from stratad.errors import AlreadyExistsError, NotFoundError, StratadError
+from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
 from stratad.store import manifest
-from stratad.store.remote import Head, LeaseHeldError, LeaseLostError, RemoteTier
+from stratad.store.remote import (
+    Head,
+    LeaseHeldError,
+    LeaseLostError,
+    RemoteTier,
+    VersionedHead,
+)
 from stratad.store.tenant import ROOT_CHUNK, ROOT_MANIFEST, TenantStore
 
 if TYPE_CHECKING:
@@ -43,7 +49,9 @@ log = logging.getLogger(__name__)
 REPLICATION_MODES = ("off", "async", "sync")
 #: A HEAD listing more segments than this is rebased: the whole local journal
 #: (at most the compaction threshold) becomes its one segment.
-MAX_SEGMENTS = 32
+MAX_SEGMENTS = 256
+#: Hydration retries when a segment vanished under it (a rebase removed it).
+HYDRATE_ATTEMPTS = 3
 #: The owner stops writing this fraction of the lease before it runs out, so
 #: that a clock running slightly behind another daemon's cannot overlap it.
 LEASE_MARGIN = 0.25
@@ -62,6 +70,9 @@ class _Shipping:
     rebase: bool = False
     #: When the oldest write not yet shipped was made (0: all shipped).
     dirty_since: float = 0.0
+    #: Segments a rebase replaced: deleted at the next rebase, so that a
+    #: daemon hydrating from the older HEAD meanwhile still finds them.
+    replaced: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -262,11 +273,22 @@ class Replicator:
         segments = [name] if rebase or head is None else [*head.segments, name]
         new = Head(self.node_id, epoch, time.time() + self.lease, segments, seq + 1)
         st.version = self._write_head(live, st, new, st.version)
+        if rebase and head is not None:
+            self._delete_replaced(st, head.segments)
         st.head, st.shipped = new, end
         self.last_lag = time.time() - started
         with live.lock:
             if live.journal.size <= end:
                 st.dirty_since = 0.0
+
+    def _delete_replaced(self, st: _Shipping, now_replaced: list[str]) -> None:
+        """Delete the segments the previous rebase replaced; remember these for the next."""
+        for name in st.replaced:
+            try:
+                self.remote.delete_segment(st.path, name)
+            except StratadError as exc:  # garbage left behind, not data lost
+                log.warning("could not delete replaced segment %s/%s: %s", st.path, name, exc)
+        st.replaced = list(now_replaced)
 
     def _write_head(
         self, live: LiveSession, st: _Shipping, head: Head, version: dict[str, Any] | None
@@ -304,16 +326,31 @@ class Replicator:
             if self.sessions.is_loaded(tenant, session_id):
                 return True
             path = RemoteTier.session_path(tenant, session_id)
-            current = self.remote.read_head(path)
-            if current is None or current.head.deleted:
+            found = self._read_history(path)
+            if found is None:
                 return False
-            data = b"".join(self.remote.get_segment(path, s) for s in current.head.segments)
+            current, data = found
             live = self.sessions.install(tenant, session_id, data)
             self._fetch_objects(live)
             st = self._shipping(live)
             st.head, st.version, st.shipped = current.head, current.version, live.journal.size
             log.info("hydrated %s/%s from object storage (%d bytes)", tenant, session_id, len(data))
             return True
+
+    def _read_history(self, path: str) -> tuple[VersionedHead, bytes] | None:
+        """A session's HEAD and its whole history (None: no such session, or deleted)."""
+        for attempt in range(HYDRATE_ATTEMPTS):
+            current = self.remote.read_head(path)
+            if current is None or current.head.deleted:
+                return None
+            try:
+                segments = [self.remote.get_segment(path, s) for s in current.head.segments]
+            except DataLossError:  # a rebase replaced them meanwhile: read the HEAD again
+                if attempt == HYDRATE_ATTEMPTS - 1:
+                    raise
+                continue
+            return current, b"".join(segments)
+        return None
 
     def _fetch_objects(self, live: LiveSession) -> None:
         """Fetch every object the session's checkpoints reach that is not local."""

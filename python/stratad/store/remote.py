@@ -233,6 +233,14 @@ class RemoteTier:
         except (RemoteNotFoundError, FileNotFoundError):
             raise DataLossError(f"remote segment {path}/seg/{name} is missing") from None
 
+    def delete_segment(self, path: str, name: str) -> None:
+        try:
+            obstore.delete(self.store, f"{path}/seg/{name}")
+        except (RemoteNotFoundError, FileNotFoundError):
+            pass
+        except Exception as exc:
+            raise _unavailable(f"deleting {path}/seg/{name}", exc) from exc
+
     def list_sessions(self, tenant: str) -> list[str]:
         prefix = f"tenants/{tenant}/sessions/"
         return sorted(
