@@ -109,6 +109,22 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub.add_parser("gc", help="remove objects no checkpoint references")
     sub.add_parser("stats", help="store statistics: sessions, bytes, dedup and compression")
 
+    replication = sub.add_parser("replication", help="replication to object storage")
+    replication_sub = replication.add_subparsers(
+        dest="replication_command", metavar="ACTION", required=True
+    )
+    replication_sub.add_parser("status", help="mode, backlog and lag of the daemon's shipping")
+    restore = sub.add_parser(
+        "restore", help="replace the daemon's copy of a session with the one in object storage"
+    )
+    restore.add_argument("session_id")
+    restore.add_argument(
+        "--from-remote",
+        action="store_true",
+        required=True,
+        help="restore from the object storage the daemon replicates to (the only source)",
+    )
+
     export = sub.add_parser("export", help="write a session to one portable archive")
     export.add_argument("session_id")
     export.add_argument(

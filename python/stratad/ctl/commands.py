@@ -387,6 +387,39 @@ def cmd_stats(ctl: Ctl, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_replication_status(ctl: Ctl, args: argparse.Namespace) -> int:
+    s: admin_pb2.GetReplicationStatusResponse = ctl.client.call(
+        ctl.client.admin.GetReplicationStatus, admin_pb2.GetReplicationStatusRequest()
+    )
+    text = "\n".join(
+        [
+            f"mode:            {s.mode}",
+            f"node id:         {s.node_id}",
+            f"sessions owned:  {s.sessions_owned}",
+            f"bytes behind:    {s.bytes_behind} ({human_bytes(s.bytes_behind)})",
+            f"objects queued:  {s.objects_queued}",
+            f"lag:             {s.lag_seconds:.3f}s",
+            f"last shipment:   {s.last_shipment_seconds:.3f}s",
+        ]
+    )
+    ctl.emit(to_dict(s), text)
+    return EXIT_OK
+
+
+def cmd_restore(ctl: Ctl, args: argparse.Namespace) -> int:
+    request = admin_pb2.RestoreSessionFromRemoteRequest(session_id=args.session_id)
+    restored: admin_pb2.RestoreSessionFromRemoteResponse = _long_call(
+        ctl, f"restore {args.session_id}", ctl.client.admin.RestoreSessionFromRemote, request
+    )
+    session = restored.session
+    ctl.emit(
+        to_dict(restored),
+        f"restored {session.session_id} from object storage: version {session.version}, "
+        f"{session.checkpoint_count} checkpoints",
+    )
+    return EXIT_OK
+
+
 # --- export ----------------------------------------------------------------------------------
 
 
@@ -625,6 +658,8 @@ def _iter_commands() -> Iterator[tuple[tuple[str, ...], Callable[[Ctl, argparse.
     yield ("verify",), cmd_verify
     yield ("gc",), cmd_gc
     yield ("stats",), cmd_stats
+    yield ("replication", "status"), cmd_replication_status
+    yield ("restore",), cmd_restore
     yield ("export",), cmd_export
     yield ("import",), cmd_import
 

@@ -337,6 +337,20 @@ class Replicator:
             log.info("hydrated %s/%s from object storage (%d bytes)", tenant, session_id, len(data))
             return True
 
+    def restore(self, tenant: str, session_id: str) -> None:
+        """Replace our copy of a session (missing, stale, damaged) by the remote history."""
+        local = self.sessions.loaded(tenant, session_id)
+        path = RemoteTier.session_path(tenant, session_id)
+        if self._read_history(path) is None:
+            raise NotFoundError(f"session {session_id!r} is not in object storage")
+        if local is not None:
+            self._drop_local(local)
+        if not self.hydrate(tenant, session_id):
+            raise NotFoundError(f"session {session_id!r} is not in object storage")
+        restored = self.sessions.loaded(tenant, session_id)
+        if restored is not None:  # objects damaged locally: rewrite them from the remote
+            self._fetch_objects(restored, repair=True)
+
     def _read_history(self, path: str) -> tuple[VersionedHead, bytes] | None:
         """A session's HEAD and its whole history (None: no such session, or deleted)."""
         for attempt in range(HYDRATE_ATTEMPTS):
@@ -352,8 +366,11 @@ class Replicator:
             return current, b"".join(segments)
         return None
 
-    def _fetch_objects(self, live: LiveSession) -> None:
-        """Fetch every object the session's checkpoints reach that is not local."""
+    def _fetch_objects(self, live: LiveSession, *, repair: bool = False) -> None:
+        """Fetch every object the session's checkpoints reach that is not local.
+
+        With `repair`, also those present but damaged (they fail re-hashing).
+        """
         store = live.tenant
         with live.lock:
             todo = [r for cp in live.state.checkpoints.values() for r in roots(cp)]
@@ -361,10 +378,13 @@ class Replicator:
         while todo:
             wanted = [(d, k) for d, k in todo if d not in seen]
             seen.update(d for d, _ in wanted)
-            missing = [d for d, _ in wanted if not store.objects.has(d)]
+            missing = [
+                d for d, _ in wanted
+                if not store.objects.has(d) or (repair and store.objects.verify(d) is not None)
+            ]  # fmt: skip
             fetched = self.remote.fetch_objects(store.name, missing) if missing else {}
             for digest, frame in fetched.items():
-                store.objects.put(digest, frame, live.owner)
+                store.objects.restore(digest, frame, live.owner)
             todo = []
             for digest, kind in wanted:
                 if kind == ROOT_MANIFEST:  # its chunks, and the manifest it is a delta on

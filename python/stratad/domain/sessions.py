@@ -272,9 +272,14 @@ class SessionManager:
         return live
 
     def is_loaded(self, tenant: str, session_id: str) -> bool:
+        return self.loaded(tenant, session_id) is not None
+
+    def loaded(self, tenant: str, session_id: str) -> LiveSession | None:
+        """The session if this daemon has it (damaged or not), without any check."""
+        validate_id(session_id, "session_id")
         with self._lock:
             live = self._sessions.get((tenant, session_id))
-        return live is not None and not live.deleted
+        return live if live is not None and not live.deleted else None
 
     def install(self, tenant: str, session_id: str, journal: bytes) -> LiveSession:
         """Make a session from a whole journal (hydration from object storage)."""

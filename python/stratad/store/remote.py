@@ -31,7 +31,14 @@ from obstore.exceptions import AlreadyExistsError as RemoteExistsError
 from obstore.exceptions import NotFoundError as RemoteNotFoundError
 from obstore.exceptions import PreconditionError as RemotePreconditionError
 
-from stratad.errors import DataLossError, FailedPreconditionError, UnavailableError
+from stratad import native
+from stratad.errors import (
+    CorruptObjectError,
+    DataLossError,
+    FailedPreconditionError,
+    UnavailableError,
+)
+from stratad.store.objects import NO_SIZE_LIMIT
 
 HEAD_FORMAT = 1
 
@@ -191,7 +198,7 @@ class RemoteTier:
             except Exception as exc:
                 raise _unavailable(f"reading {pack}", exc) from exc
             for (digest, _, _), data in zip(items, ranges, strict=True):
-                found[digest] = bytes(data)
+                found[digest] = _verified(digest, bytes(data), pack)
         return found
 
     # -- sessions ----------------------------------------------------------------
@@ -278,3 +285,14 @@ def _version(e_tag: str | None, version: str | None) -> dict[str, Any]:
     """An obstore UpdateVersion: only the fields the store gave (None is refused)."""
     found = {"e_tag": e_tag, "version": version}
     return {k: v for k, v in found.items() if v is not None}
+
+
+def _verified(digest: str, frame: bytes, pack: str) -> bytes:
+    """A frame from object storage, re-hashed: a damaged remote copy is never taken in."""
+    try:
+        found = native.verify_frame(frame, NO_SIZE_LIMIT)
+    except CorruptObjectError as exc:
+        raise DataLossError(f"the copy of object {digest} in {pack} is corrupt: {exc}") from exc
+    if found != digest:
+        raise DataLossError(f"{pack} holds other content where object {digest} should be")
+    return frame

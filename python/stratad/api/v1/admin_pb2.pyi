@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from stratad.api.v1 import session_pb2 as _session_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -17,6 +18,104 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class GetReplicationStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReplicationStatusRequest: _TypeAlias = GetReplicationStatusRequest  # noqa: Y015
+
+@_typing.final
+class GetReplicationStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    SESSIONS_OWNED_FIELD_NUMBER: _builtins.int
+    BYTES_BEHIND_FIELD_NUMBER: _builtins.int
+    OBJECTS_QUEUED_FIELD_NUMBER: _builtins.int
+    LAG_SECONDS_FIELD_NUMBER: _builtins.int
+    LAST_SHIPMENT_SECONDS_FIELD_NUMBER: _builtins.int
+    mode: _builtins.str
+    """"async" or "sync"."""
+    node_id: _builtins.str
+    """This daemon's name in session leases."""
+    sessions_owned: _builtins.int
+    """Sessions whose lease this daemon holds (or held last)."""
+    bytes_behind: _builtins.int
+    """Journal bytes acknowledged locally and not yet in object storage."""
+    objects_queued: _builtins.int
+    """Objects waiting for upload."""
+    lag_seconds: _builtins.float
+    """Age of the oldest acknowledged write not yet shipped (0 = none)."""
+    last_shipment_seconds: _builtins.float
+    """Duration of the last shipment."""
+    def __init__(
+        self,
+        *,
+        mode: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        sessions_owned: _builtins.int = ...,
+        bytes_behind: _builtins.int = ...,
+        objects_queued: _builtins.int = ...,
+        lag_seconds: _builtins.float = ...,
+        last_shipment_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_behind", b"bytes_behind", "lag_seconds", b"lag_seconds", "last_shipment_seconds", b"last_shipment_seconds", "mode", b"mode", "node_id", b"node_id", "objects_queued", b"objects_queued", "sessions_owned", b"sessions_owned"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReplicationStatusResponse: _TypeAlias = GetReplicationStatusResponse  # noqa: Y015
+
+@_typing.final
+class RestoreSessionFromRemoteRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreSessionFromRemoteRequest: _TypeAlias = RestoreSessionFromRemoteRequest  # noqa: Y015
+
+@_typing.final
+class RestoreSessionFromRemoteResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> _session_pb2.Session: ...
+    def __init__(
+        self,
+        *,
+        session: _session_pb2.Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreSessionFromRemoteResponse: _TypeAlias = RestoreSessionFromRemoteResponse  # noqa: Y015
 
 @_typing.final
 class VerifyRequest(_message.Message):

@@ -49,6 +49,16 @@ class AdminServiceStub:
                 request_serializer=stratad_dot_api_dot_v1_dot_admin__pb2.GetStoreStatsRequest.SerializeToString,
                 response_deserializer=stratad_dot_api_dot_v1_dot_admin__pb2.GetStoreStatsResponse.FromString,
                 _registered_method=True)
+        self.GetReplicationStatus = channel.unary_unary(
+                '/stratad.api.v1.AdminService/GetReplicationStatus',
+                request_serializer=stratad_dot_api_dot_v1_dot_admin__pb2.GetReplicationStatusRequest.SerializeToString,
+                response_deserializer=stratad_dot_api_dot_v1_dot_admin__pb2.GetReplicationStatusResponse.FromString,
+                _registered_method=True)
+        self.RestoreSessionFromRemote = channel.unary_unary(
+                '/stratad.api.v1.AdminService/RestoreSessionFromRemote',
+                request_serializer=stratad_dot_api_dot_v1_dot_admin__pb2.RestoreSessionFromRemoteRequest.SerializeToString,
+                response_deserializer=stratad_dot_api_dot_v1_dot_admin__pb2.RestoreSessionFromRemoteResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -76,6 +86,22 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReplicationStatus(self, request, context):
+        """Replication to object storage: mode, backlog and lag of this daemon
+        (FAILED_PRECONDITION when replication is off).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreSessionFromRemote(self, request, context):
+        """Replaces this daemon's copy of a session (missing, stale or damaged) with
+        the history in object storage. NOT_FOUND when object storage lacks it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +119,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetStoreStats,
                     request_deserializer=stratad_dot_api_dot_v1_dot_admin__pb2.GetStoreStatsRequest.FromString,
                     response_serializer=stratad_dot_api_dot_v1_dot_admin__pb2.GetStoreStatsResponse.SerializeToString,
+            ),
+            'GetReplicationStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReplicationStatus,
+                    request_deserializer=stratad_dot_api_dot_v1_dot_admin__pb2.GetReplicationStatusRequest.FromString,
+                    response_serializer=stratad_dot_api_dot_v1_dot_admin__pb2.GetReplicationStatusResponse.SerializeToString,
+            ),
+            'RestoreSessionFromRemote': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreSessionFromRemote,
+                    request_deserializer=stratad_dot_api_dot_v1_dot_admin__pb2.RestoreSessionFromRemoteRequest.FromString,
+                    response_serializer=stratad_dot_api_dot_v1_dot_admin__pb2.RestoreSessionFromRemoteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +212,60 @@ class AdminService:
             '/stratad.api.v1.AdminService/GetStoreStats',
             stratad_dot_api_dot_v1_dot_admin__pb2.GetStoreStatsRequest.SerializeToString,
             stratad_dot_api_dot_v1_dot_admin__pb2.GetStoreStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReplicationStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratad.api.v1.AdminService/GetReplicationStatus',
+            stratad_dot_api_dot_v1_dot_admin__pb2.GetReplicationStatusRequest.SerializeToString,
+            stratad_dot_api_dot_v1_dot_admin__pb2.GetReplicationStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreSessionFromRemote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratad.api.v1.AdminService/RestoreSessionFromRemote',
+            stratad_dot_api_dot_v1_dot_admin__pb2.RestoreSessionFromRemoteRequest.SerializeToString,
+            stratad_dot_api_dot_v1_dot_admin__pb2.RestoreSessionFromRemoteResponse.FromString,
             options,
             channel_credentials,
             insecure,

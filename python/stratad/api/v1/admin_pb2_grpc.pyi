@@ -40,6 +40,14 @@ class AdminServiceStub:
     an object written after the collection started.
     """
     GetStoreStats: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetStoreStatsRequest, _admin_pb2.GetStoreStatsResponse]
+    GetReplicationStatus: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetReplicationStatusRequest, _admin_pb2.GetReplicationStatusResponse]
+    """Replication to object storage: mode, backlog and lag of this daemon
+    (FAILED_PRECONDITION when replication is off).
+    """
+    RestoreSessionFromRemote: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RestoreSessionFromRemoteRequest, _admin_pb2.RestoreSessionFromRemoteResponse]
+    """Replaces this daemon's copy of a session (missing, stale or damaged) with
+    the history in object storage. NOT_FOUND when object storage lacks it.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -53,6 +61,14 @@ class AdminServiceAsyncStub(AdminServiceStub):
     an object written after the collection started.
     """
     GetStoreStats: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStoreStatsRequest, _admin_pb2.GetStoreStatsResponse]  # type: ignore[assignment]
+    GetReplicationStatus: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetReplicationStatusRequest, _admin_pb2.GetReplicationStatusResponse]  # type: ignore[assignment]
+    """Replication to object storage: mode, backlog and lag of this daemon
+    (FAILED_PRECONDITION when replication is off).
+    """
+    RestoreSessionFromRemote: _aio.UnaryUnaryMultiCallable[_admin_pb2.RestoreSessionFromRemoteRequest, _admin_pb2.RestoreSessionFromRemoteResponse]  # type: ignore[assignment]
+    """Replaces this daemon's copy of a session (missing, stale or damaged) with
+    the history in object storage. NOT_FOUND when object storage lacks it.
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -81,5 +97,25 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetStoreStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.GetStoreStatsResponse, _abc.Awaitable[_admin_pb2.GetStoreStatsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetReplicationStatus(
+        self,
+        request: _admin_pb2.GetReplicationStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetReplicationStatusResponse, _abc.Awaitable[_admin_pb2.GetReplicationStatusResponse]]:
+        """Replication to object storage: mode, backlog and lag of this daemon
+        (FAILED_PRECONDITION when replication is off).
+        """
+
+    @_abc_1.abstractmethod
+    def RestoreSessionFromRemote(
+        self,
+        request: _admin_pb2.RestoreSessionFromRemoteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.RestoreSessionFromRemoteResponse, _abc.Awaitable[_admin_pb2.RestoreSessionFromRemoteResponse]]:
+        """Replaces this daemon's copy of a session (missing, stale or damaged) with
+        the history in object storage. NOT_FOUND when object storage lacks it.
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,7 +5,11 @@ from __future__ import annotations
 import grpc
 
 from stratad.api.v1 import admin_pb2, admin_pb2_grpc
+from stratad.domain.ids import validate_id
+from stratad.domain.replication import Replicator
+from stratad.errors import FailedPreconditionError
 from stratad.server.servicers.base import Servicer, tenant_of
+from stratad.server.servicers.convert import session_to_pb
 
 
 class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
@@ -48,3 +52,26 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
             dedup_ratio=s.dedup_ratio,
             compression_ratio=s.compression_ratio,
         )
+
+    async def GetReplicationStatus(
+        self, request: admin_pb2.GetReplicationStatusRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.GetReplicationStatusResponse:
+        status = await self.run(self._replicator().status)
+        return admin_pb2.GetReplicationStatusResponse(**status)
+
+    async def RestoreSessionFromRemote(
+        self, request: admin_pb2.RestoreSessionFromRemoteRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.RestoreSessionFromRemoteResponse:
+        tenant = tenant_of(context)
+        replicator = self._replicator()
+        await self.run(replicator.restore, tenant, validate_id(request.session_id, "session_id"))
+        info = await self.run(self.engine.sessions.info, tenant, request.session_id)
+        return admin_pb2.RestoreSessionFromRemoteResponse(session=session_to_pb(info))
+
+    def _replicator(self) -> Replicator:
+        if self.engine.replicator is None:
+            raise FailedPreconditionError(
+                "replication is off on this daemon (set replication and remote_url)",
+                reason="REPLICATION_OFF",
+            )
+        return self.engine.replicator
