@@ -10,6 +10,20 @@ so that it sees the status `ErrorInterceptor` turned an exception into.
 a `StratadError` becomes ``grpc.StatusCode[exc.grpc_status]`` with its
 message; anything else becomes INTERNAL with a generic message, and its
 traceback goes to the log under an incident id that the message repeats.
+A handler that is not implemented (the generated base class raises
+NotImplementedError) is UNIMPLEMENTED.
+
+It also owns request decoding. grpc.aio calls the request deserializer
+outside any handler, so bytes that do not parse as the request message
+(truncated, a bad wire type, invalid UTF-8, nested past the protobuf
+parser's limit) would end as UNKNOWN ("Unexpected DecodeError") or, read from
+a request stream inside the handler, as INTERNAL. `ErrorInterceptor` installs
+a deserializer that returns an `UndecodableRequest` instead of raising, and
+the wrapped handler turns it into INVALID_ARGUMENT (reason
+MALFORMED_REQUEST): at once for a unary request, when the handler reaches it
+for a request stream (the iterator handed to the handler raises; a handler
+that calls ``context.read()`` itself gets the `UndecodableRequest`). Later
+interceptors see an `UndecodableRequest` where a message would be.
 
 grpc.aio decides how to drive a handler by inspecting the *function*
 (coroutine function, async generator function, or plain function run in a
@@ -33,8 +47,9 @@ from typing import Any, Protocol
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
-from stratad.errors import StratadError
+from stratad.errors import InvalidArgumentError, StratadError
 from stratad.server.logging_setup import current_request_id
 
 _log = logging.getLogger(__name__)
@@ -61,35 +76,100 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return _wrap_handler(handler, handler_call_details.method)
 
 
-def _wrap_handler(handler: Any, method: str) -> Any:
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(
-            _wrap_stream_response(handler.stream_stream, method), **kwargs
-        )
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(
-            _wrap_unary_response(handler.stream_unary, method), **kwargs
-        )
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(
-            _wrap_stream_response(handler.unary_stream, method), **kwargs
-        )
-    return grpc.unary_unary_rpc_method_handler(
-        _wrap_unary_response(handler.unary_unary, method), **kwargs
+class UndecodableRequest:
+    """What the request deserializer returns for bytes that are not a valid message."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InvalidArgumentError) -> None:
+        self.error = error
+
+
+def _safe_deserializer(deserializer: Any, method: str) -> Any:
+    if deserializer is None:  # raw bytes in: nothing to decode
+        return None
+    message_type = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    name = str(getattr(message_type, "full_name", "") or f"request message of {method}")
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, or whatever a custom deserializer raises
+            return UndecodableRequest(_malformed(name, exc))
+
+    return deserialize
+
+
+def _malformed(name: str, exc: Exception) -> InvalidArgumentError:
+    # upb says "Error parsing message with type 'X': Wire format was corrupt".
+    detail = str(exc).rpartition("': ")[2] or type(exc).__name__
+    if "MaxDepth" in detail:
+        detail = "messages nested too deeply"
+    elif not isinstance(exc, DecodeError):
+        detail = type(exc).__name__
+    return InvalidArgumentError(
+        f"request is not a valid {name}: {detail}",
+        reason="MALFORMED_REQUEST",
+        metadata={"message": name},
     )
 
 
-def _wrap_unary_response(behavior: Behavior, method: str) -> Behavior:
+def _decoded(request: Any) -> Any:
+    """A unary request, or the INVALID_ARGUMENT error of one that did not decode."""
+    if isinstance(request, UndecodableRequest):
+        raise request.error
+    return request
+
+
+async def _decoded_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _decoded(request)
+
+
+def _decoded_stream_sync(requests: Iterable[Any]) -> Iterator[Any]:
+    for request in requests:
+        yield _decoded(request)
+
+
+def _wrap_handler(handler: Any, method: str) -> Any:
+    kwargs = {
+        "request_deserializer": _safe_deserializer(handler.request_deserializer, method),
+        "response_serializer": handler.response_serializer,
+    }
+    streaming = bool(handler.request_streaming)
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap_stream_response(handler.stream_stream, method, streaming), **kwargs
+        )
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(
+            _wrap_unary_response(handler.stream_unary, method, streaming), **kwargs
+        )
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(
+            _wrap_stream_response(handler.unary_stream, method, streaming), **kwargs
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        _wrap_unary_response(handler.unary_unary, method, streaming), **kwargs
+    )
+
+
+def _request_in(request: Any, streaming: bool) -> Any:
+    """What an async behavior is handed: a checked request or request stream."""
+    return _decoded_stream(request) if streaming else _decoded(request)
+
+
+def _request_in_sync(request: Any, streaming: bool) -> Any:
+    return _decoded_stream_sync(request) if streaming else _decoded(request)
+
+
+def _wrap_unary_response(behavior: Behavior, method: str, streaming: bool) -> Behavior:
     """Wrap a unary-unary or stream-unary behavior."""
     if _is_async(behavior):
 
         async def async_unary(request: Any, context: Any) -> Any:
             try:
-                return await behavior(request, context)
+                return await behavior(_request_in(request, streaming), context)
             except Exception as exc:
                 await _abort(context, exc, method)
 
@@ -97,20 +177,20 @@ def _wrap_unary_response(behavior: Behavior, method: str) -> Behavior:
 
     def sync_unary(request: Any, context: Any) -> Any:
         try:
-            return behavior(request, context)
+            return behavior(_request_in_sync(request, streaming), context)
         except Exception as exc:
             _abort_sync(context, exc, method)
 
     return sync_unary
 
 
-def _wrap_stream_response(behavior: Behavior, method: str) -> Behavior:
+def _wrap_stream_response(behavior: Behavior, method: str, streaming: bool) -> Behavior:
     """Wrap a unary-stream or stream-stream behavior."""
     if inspect.iscoroutinefunction(behavior):
         # Reader/writer style: the handler calls context.write() and returns None.
         async def writer(request: Any, context: Any) -> None:
             try:
-                await behavior(request, context)
+                await behavior(_request_in(request, streaming), context)
             except Exception as exc:
                 await _abort(context, exc, method)
 
@@ -120,7 +200,7 @@ def _wrap_stream_response(behavior: Behavior, method: str) -> Behavior:
 
         async def async_generator(request: Any, context: Any) -> AsyncIterator[Any]:
             try:
-                async for response in behavior(request, context):
+                async for response in behavior(_request_in(request, streaming), context):
                     yield response
             except Exception as exc:
                 await _abort(context, exc, method)
@@ -129,7 +209,7 @@ def _wrap_stream_response(behavior: Behavior, method: str) -> Behavior:
 
     def sync_generator(request: Any, context: Any) -> Iterator[Any]:
         try:
-            yield from behavior(request, context)
+            yield from behavior(_request_in_sync(request, streaming), context)
         except Exception as exc:
             _abort_sync(context, exc, method)
 
@@ -169,6 +249,9 @@ def _reraise_if_grpc_own(context: Any, exc: Exception) -> None:
 def _status_for(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, StratadError):
         return _stratad_status(exc, method)
+    if type(exc) is NotImplementedError:  # a generated base class's unimplemented method
+        _log.debug("%s is not implemented", method)
+        return grpc.StatusCode.UNIMPLEMENTED, f"method {method} is not implemented"
     # Unknown errors may carry paths, keys or user data: log them, don't send them.
     incident = uuid.uuid4().hex[:12]
     _log.error("unhandled error in %s (incident %s)", method, incident, exc_info=exc)
@@ -449,5 +532,6 @@ __all__ = [
     "CallResult",
     "ErrorInterceptor",
     "RequestInterceptor",
+    "UndecodableRequest",
     "current_request_id",
 ]

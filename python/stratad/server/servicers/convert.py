@@ -11,6 +11,7 @@ from stratad.domain.checkpoints import LoadResult, SaveResult
 from stratad.domain.events import SessionEvent
 from stratad.domain.models import Checkpoint, SessionStatus
 from stratad.domain.sessions import SessionInfo
+from stratad.server.servicers.values import check_json
 
 _STATUS_TO_PB: dict[SessionStatus, common_pb2.SessionStatus.ValueType] = {
     SessionStatus.ACTIVE: common_pb2.SESSION_STATUS_ACTIVE,
@@ -26,7 +27,9 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def struct_to_dict(value: struct_pb2.Struct) -> dict[str, Any]:
+def struct_to_dict(value: struct_pb2.Struct, what: str = "metadata") -> dict[str, Any]:
+    """A request's Struct as a dict: INVALID_ARGUMENT for NaN, infinities or over-deep nesting."""
+    check_json(value, what)  # MessageToDict raises ValueError on NaN and recurses
     return json_format.MessageToDict(value)
 
 
