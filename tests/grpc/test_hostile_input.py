@@ -123,10 +123,10 @@ POISONS: list[tuple[str, bytes, tuple[str, ...]]] = [
     ("inf", _number(math.inf), ("inf",)),
     ("-inf", _number(-math.inf), ("inf",)),
     # 200 levels: beyond what the protobuf parser itself accepts.
-    ("deep-struct", _deep_struct_value(200), ()),
+    ("deep-struct", _deep_struct_value(200), ("nested",)),
     # Lists nest two messages per level: 40 of them still parse, but are
     # deeper than the daemon's limit.
-    ("deep-list", _deep_list_value(MAX_STRUCT_DEPTH + 8), ()),
+    ("deep-list", _deep_list_value(MAX_STRUCT_DEPTH + 8), ("nested deeper",)),
 ]
 
 #: Undecodable as any message: (name, payload).
@@ -300,19 +300,26 @@ def test_poisoned_json_fields_on_every_rpc(api: Api, caller: Caller) -> None:
     """NaN, +/-Infinity and over-deep nesting in every Struct/Value/ListValue field."""
     session_id = api.create("poison-target").session_id
     calls = 0
+    wrong: list[str] = []
     for method in METHODS:
         target = b""
         for field in method.input_type.fields:  # reach past "session not found"
             if field.name == "session_id" and field.type == FieldDescriptor.TYPE_STRING:
                 target = _len_field(field.number, session_id.encode())
         for path, kind in _json_paths(method.input_type):
-            for label, value, _ in POISONS:
+            for label, value, words in POISONS:
                 where = ".".join(f.name for f in path)
-                caller.call(method, target + _wrap(path, _as(kind, value)), f"{label} in {where}")
+                payload = target + _wrap(path, _as(kind, value))
+                code, details = caller.call(method, payload, f"{label} in {where}")
                 calls += 1
+                if code != grpc.StatusCode.INVALID_ARGUMENT or any(
+                    word not in details.lower() for word in words
+                ):
+                    wrong.append(f"{_path(method)} [{label} in {where}]: {code.name} {details!r}")
     print(f"poisoned json ({calls} calls): {dict(caller.seen)}")
     assert calls > 0
     assert not caller.bad, "\n".join(caller.bad)
+    assert not wrong, "\n".join(wrong)
     _assert_still_serving(api)
 
 
@@ -346,19 +353,20 @@ def test_poisoned_metadata_on_save_state_is_invalid_argument(
     _assert_still_serving(api)
 
 
-def test_deep_but_allowed_metadata_round_trips(api: Api) -> None:
+def test_metadata_nested_to_the_limit_round_trips(api: Api) -> None:
     session_id = api.create("s1").session_id
     value: Any = 1.0
-    for _ in range(MAX_STRUCT_DEPTH - 1):
+    for _ in range(MAX_STRUCT_DEPTH):
         value = {"k": value}
     metadata = struct_pb2.Struct()
-    metadata.update(value)
+    metadata.update(value)  # the Struct is `value`: MAX_STRUCT_DEPTH levels
     api.save(session_id, b"x", metadata=metadata)
-    loaded = api.load(session_id)
-    depth, node = 0, loaded.metadata
-    while "k" in node.fields and node.fields["k"].HasField("struct_value"):
-        node, depth = node.fields["k"].struct_value, depth + 1
-    assert depth == MAX_STRUCT_DEPTH - 2
+    assert api.load(session_id).metadata == metadata
+
+    deeper = struct_pb2.Struct()
+    deeper.update({"k": value})
+    request = checkpoint_pb2.SaveStateRequest(session_id=session_id, data=b"y", metadata=deeper)
+    api.fails(api.checkpoints.SaveState, request, grpc.StatusCode.INVALID_ARGUMENT, "nested")
 
 
 def test_save_states_keeps_serving_after_a_malformed_item(api: Api) -> None:
@@ -374,4 +382,5 @@ def test_save_states_keeps_serving_after_a_malformed_item(api: Api) -> None:
     error: Any = excinfo.value
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert "stratad.api.v1.SaveStatesRequest" in error.details()
+    assert api.get(session_id).checkpoint_count == 1  # the item before it was saved
     _assert_still_serving(api)

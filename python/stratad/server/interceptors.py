@@ -102,11 +102,11 @@ def _safe_deserializer(deserializer: Any, method: str) -> Any:
 
 def _malformed(name: str, exc: Exception) -> InvalidArgumentError:
     # upb says "Error parsing message with type 'X': Wire format was corrupt".
-    detail = str(exc).rpartition("': ")[2] or type(exc).__name__
+    # Another deserializer's message may quote the input: name only its type.
+    detail = str(exc).rpartition("': ")[2] if isinstance(exc, DecodeError) else ""
     if "MaxDepth" in detail:
         detail = "messages nested too deeply"
-    elif not isinstance(exc, DecodeError):
-        detail = type(exc).__name__
+    detail = detail or type(exc).__name__
     return InvalidArgumentError(
         f"request is not a valid {name}: {detail}",
         reason="MALFORMED_REQUEST",
