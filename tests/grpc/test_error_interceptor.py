@@ -2,8 +2,10 @@
 
 A generic test service raises whatever exception the request names:
 ``b"NotFoundError"`` raises `stratad.errors.NotFoundError("boom NotFoundError")`,
-``b"RuntimeError"`` a RuntimeError, ``b"abort"`` calls ``context.abort`` itself
-and ``b"ok"`` succeeds. Async streaming responses send one message before
+``b"RuntimeError"`` a RuntimeError, ``b"NotImplementedError"`` what a generated
+base class raises for a method it does not implement, ``b"abort"`` calls
+``context.abort`` itself and ``b"ok"`` succeeds; ``b"undecodable"`` fails in
+the request deserializer. Async streaming responses send one message before
 raising, so errors after data are covered too.
 """
 
@@ -43,6 +45,8 @@ ERROR_CLASSES = [StratadError] + [
 def _raise_for(name: bytes) -> None:
     if name == b"RuntimeError":
         raise RuntimeError(SECRET)
+    if name == b"NotImplementedError":  # what generated base classes raise
+        raise NotImplementedError("Method not implemented!")
     if name != b"ok":
         cls = getattr(stratad.errors, name.decode())
         raise cls(f"boom {name.decode()}")
@@ -165,9 +169,18 @@ class Hang:
             self.done.set()
 
 
+def deserialize(data: bytes) -> bytes:
+    """The request deserializer: bytes unchanged, except that b"undecodable" fails."""
+    if data == b"undecodable":
+        raise ValueError(SECRET)
+    return data
+
+
 def registration(hang: Hang | None = None) -> ServiceRegistration:
     def add(servicer: object, server: Any) -> None:
-        handlers = {name: make(fn) for name, (make, fn) in METHODS.items()}
+        handlers = {
+            name: make(fn, request_deserializer=deserialize) for name, (make, fn) in METHODS.items()
+        }
         if hang is not None:
             handlers["Hang"] = grpc.unary_stream_rpc_method_handler(hang.stream)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
@@ -292,6 +305,28 @@ def test_server_keeps_serving_after_errors(
     assert health_check(server.target) == health_pb2.HealthCheckResponse.SERVING
     for method in METHODS:
         assert call(channel, method, b"ok")[-1] == b"ok"
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_undecodable_requests_are_invalid_argument(channel: grpc.Channel, method: str) -> None:
+    # grpc.aio alone answers UNKNOWN ("Unexpected ValueError"), or INTERNAL when
+    # the handler reads the failing message from a request stream.
+    received, exc = collect(channel, method, b"undecodable")
+    assert exc is not None, f"{method} did not fail"
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.details() == (
+        f"request is not a valid request message of /{SERVICE}/{method}: ValueError"
+    )
+    assert SECRET not in exc.details()
+    assert received == []
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_not_implemented_is_unimplemented(channel: grpc.Channel, method: str) -> None:
+    _, exc = collect(channel, method, b"NotImplementedError")
+    assert exc is not None
+    assert exc.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert exc.details() == f"method /{SERVICE}/{method} is not implemented"
 
 
 def test_unknown_method_is_unimplemented(channel: grpc.Channel) -> None:

@@ -1,4 +1,8 @@
-"""JSON values <-> google.protobuf.Value (server/servicers/values.py): ints stay ints."""
+"""JSON values <-> google.protobuf.Value (server/servicers/values.py): ints stay ints.
+
+Also the checks every request's JSON passes (`check_json`): no NaN or
+infinities, at most MAX_STRUCT_DEPTH levels of nesting, checked without recursion.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,14 @@ import pytest
 from google.protobuf import struct_pb2
 
 from stratad.errors import InvalidArgumentError
-from stratad.server.servicers.values import to_py, to_struct, to_value
+from stratad.server.servicers.convert import struct_to_dict
+from stratad.server.servicers.values import (
+    MAX_STRUCT_DEPTH,
+    check_json,
+    to_py,
+    to_struct,
+    to_value,
+)
 
 
 @pytest.mark.parametrize(
@@ -58,3 +69,47 @@ def test_missing_kind_and_non_finite_numbers_are_invalid() -> None:
 def test_non_json_values_are_refused() -> None:
     with pytest.raises(TypeError):
         to_value({"when": object()})
+
+
+def _nested(levels: int, lists: bool = False) -> struct_pb2.Value:
+    """A Value nested `levels` objects (or lists) deep, built without the parser."""
+    top = struct_pb2.Value()
+    node = top
+    for _ in range(levels):
+        node = node.list_value.values.add() if lists else node.struct_value.fields["k"]
+    node.number_value = 1
+    return top
+
+
+@pytest.mark.parametrize("lists", [False, True], ids=["objects", "lists"])
+def test_nesting_up_to_the_limit_is_accepted_and_deeper_is_invalid(lists: bool) -> None:
+    assert to_py(_nested(MAX_STRUCT_DEPTH, lists)) is not None
+    with pytest.raises(InvalidArgumentError, match=f"deeper than {MAX_STRUCT_DEPTH}") as exc:
+        to_py(_nested(MAX_STRUCT_DEPTH + 1, lists), "result")
+    assert exc.value.reason == "INVALID_VALUE"
+    assert "result" in exc.value.message
+
+
+def test_depth_is_checked_without_recursion() -> None:
+    # Far past Python's recursion limit: an InvalidArgumentError, not a RecursionError.
+    deep = _nested(20_000)
+    with pytest.raises(InvalidArgumentError, match="deeper"):
+        check_json(deep, "value")
+    with pytest.raises(InvalidArgumentError, match="deeper"):
+        struct_to_dict(deep.struct_value)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_checkpoint_metadata_refuses_non_finite_numbers(bad: float) -> None:
+    metadata = to_struct({"ok": 1, "list": [1, {"x": 2}]})
+    metadata.fields["list"].list_value.values[1].struct_value.fields["x"].number_value = bad
+    with pytest.raises(InvalidArgumentError, match="not a JSON number") as exc:
+        struct_to_dict(metadata)
+    assert exc.value.reason == "INVALID_VALUE"
+    assert "metadata" in exc.value.message
+
+
+def test_checkpoint_metadata_converts_as_before() -> None:
+    # struct_to_dict keeps MessageToDict's output (numbers stay floats).
+    metadata = to_struct({"n": 3, "nested": {"l": [1, "a", None, True]}})
+    assert struct_to_dict(metadata) == {"n": 3.0, "nested": {"l": [1.0, "a", None, True]}}

@@ -10,6 +10,20 @@ so that it sees the status `ErrorInterceptor` turned an exception into.
 a `StratadError` becomes ``grpc.StatusCode[exc.grpc_status]`` with its
 message; anything else becomes INTERNAL with a generic message, and its
 traceback goes to the log under an incident id that the message repeats.
+A handler that is not implemented (the generated base class raises
+NotImplementedError) is UNIMPLEMENTED.
+
+It also owns request decoding. grpc.aio calls the request deserializer
+outside any handler, so bytes that do not parse as the request message
+(truncated, a bad wire type, invalid UTF-8, nested past the protobuf
+parser's limit) would end as UNKNOWN ("Unexpected DecodeError") or, read from
+a request stream inside the handler, as INTERNAL. `ErrorInterceptor` installs
+a deserializer that returns an `UndecodableRequest` instead of raising, and
+the wrapped handler turns it into INVALID_ARGUMENT (reason
+MALFORMED_REQUEST): at once for a unary request, when the handler reaches it
+for a request stream (the iterator handed to the handler raises; a handler
+that calls ``context.read()`` itself gets the `UndecodableRequest`). Later
+interceptors see an `UndecodableRequest` where a message would be.
 
 grpc.aio decides how to drive a handler by inspecting the *function*
 (coroutine function, async generator function, or plain function run in a
@@ -23,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import inspect
 import logging
 import time
@@ -34,6 +47,7 @@ from typing import Any, Protocol
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from stratad.errors import InvalidArgumentError, StratadError
 from stratad.server.logging_setup import current_request_id
@@ -62,132 +76,100 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return _wrap_handler(handler, handler_call_details.method)
 
 
+class UndecodableRequest:
+    """What the request deserializer returns for bytes that are not a valid message."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InvalidArgumentError) -> None:
+        self.error = error
+
+
+def _safe_deserializer(deserializer: Any, method: str) -> Any:
+    if deserializer is None:  # raw bytes in: nothing to decode
+        return None
+    message_type = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    name = str(getattr(message_type, "full_name", "") or f"request message of {method}")
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # DecodeError, or whatever a custom deserializer raises
+            return UndecodableRequest(_malformed(name, exc))
+
+    return deserialize
+
+
+def _malformed(name: str, exc: Exception) -> InvalidArgumentError:
+    # upb says "Error parsing message with type 'X': Wire format was corrupt".
+    # Another deserializer's message may quote the input: name only its type.
+    detail = str(exc).rpartition("': ")[2] if isinstance(exc, DecodeError) else ""
+    if "MaxDepth" in detail:
+        detail = "messages nested too deeply"
+    detail = detail or type(exc).__name__
+    return InvalidArgumentError(
+        f"request is not a valid {name}: {detail}",
+        reason="MALFORMED_REQUEST",
+        metadata={"message": name},
+    )
+
+
+def _decoded(request: Any) -> Any:
+    """A unary request, or the INVALID_ARGUMENT error of one that did not decode."""
+    if isinstance(request, UndecodableRequest):
+        raise request.error
+    return request
+
+
+async def _decoded_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _decoded(request)
+
+
+def _decoded_stream_sync(requests: Iterable[Any]) -> Iterator[Any]:
+    for request in requests:
+        yield _decoded(request)
+
+
 def _wrap_handler(handler: Any, method: str) -> Any:
-    # grpc would deserialize the request itself, before any handler code
-    # runs, and answer a malformed one with UNKNOWN ("Unexpected DecodeError")
-    # or INTERNAL; taking raw bytes and parsing them inside the wrapper turns
-    # that into INVALID_ARGUMENT like any other bad input.
-    parse = _request_parser(handler.request_deserializer)
-    kwargs = {"request_deserializer": None, "response_serializer": handler.response_serializer}
+    kwargs = {
+        "request_deserializer": _safe_deserializer(handler.request_deserializer, method),
+        "response_serializer": handler.response_serializer,
+    }
+    streaming = bool(handler.request_streaming)
     if handler.request_streaming and handler.response_streaming:
-        behavior = _parse_stream(handler.stream_stream, parse)
         return grpc.stream_stream_rpc_method_handler(
-            _wrap_stream_response(behavior, method), **kwargs
+            _wrap_stream_response(handler.stream_stream, method, streaming), **kwargs
         )
     if handler.request_streaming:
-        behavior = _parse_stream(handler.stream_unary, parse)
         return grpc.stream_unary_rpc_method_handler(
-            _wrap_unary_response(behavior, method), **kwargs
+            _wrap_unary_response(handler.stream_unary, method, streaming), **kwargs
         )
     if handler.response_streaming:
-        behavior = _parse_unary(handler.unary_stream, parse)
         return grpc.unary_stream_rpc_method_handler(
-            _wrap_stream_response(behavior, method), **kwargs
+            _wrap_stream_response(handler.unary_stream, method, streaming), **kwargs
         )
-    behavior = _parse_unary(handler.unary_unary, parse)
-    return grpc.unary_unary_rpc_method_handler(_wrap_unary_response(behavior, method), **kwargs)
+    return grpc.unary_unary_rpc_method_handler(
+        _wrap_unary_response(handler.unary_unary, method, streaming), **kwargs
+    )
 
 
-def _request_parser(deserialize: Callable[[bytes], Any] | None) -> Callable[[Any], Any]:
-    """bytes -> request message; a malformed message is INVALID_ARGUMENT."""
-    if deserialize is None:
-        return lambda raw: raw
-    message_class = getattr(deserialize, "__self__", None)
-    name = getattr(getattr(message_class, "DESCRIPTOR", None), "full_name", "request message")
-
-    def parse(raw: Any) -> Any:
-        try:
-            return deserialize(raw)
-        except Exception as exc:  # DecodeError, and whatever a parser raises on garbage
-            raise InvalidArgumentError(
-                f"the request is not a valid {name}: {exc}", reason="MALFORMED_REQUEST"
-            ) from None
-
-    return parse
+def _request_in(request: Any, streaming: bool) -> Any:
+    """What an async behavior is handed: a checked request or request stream."""
+    return _decoded_stream(request) if streaming else _decoded(request)
 
 
-def _parse_unary(behavior: Behavior, parse_raw: Callable[[Any], Any]) -> Behavior:
-    """Parse the request of a unary-request behavior, keeping its kind (see module doc)."""
-
-    def parse(raw: Any) -> Any:
-        request = parse_raw(raw)
-        watch = _current_watch.get()
-        if watch is not None:  # RequestInterceptor logs the request's session
-            watch.request(request)
-        return request
-
-    if inspect.isasyncgenfunction(behavior):
-
-        async def async_generator(request: Any, context: Any) -> AsyncIterator[Any]:
-            async for response in behavior(parse(request), context):
-                yield response
-
-        return async_generator
-    if inspect.iscoroutinefunction(behavior):
-
-        async def coroutine(request: Any, context: Any) -> Any:
-            return await behavior(parse(request), context)
-
-        return coroutine
-    if inspect.isgeneratorfunction(behavior):
-
-        def generator(request: Any, context: Any) -> Iterator[Any]:
-            yield from behavior(parse(request), context)
-
-        return generator
-
-    def function(request: Any, context: Any) -> Any:
-        return behavior(parse(request), context)
-
-    return function
+def _request_in_sync(request: Any, streaming: bool) -> Any:
+    return _decoded_stream_sync(request) if streaming else _decoded(request)
 
 
-def _parse_stream(behavior: Behavior, parse: Callable[[Any], Any]) -> Behavior:
-    """Parse each request of a request-streaming behavior as it arrives."""
-
-    def parsed(requests: Any) -> Any:
-        if hasattr(requests, "__aiter__"):
-
-            async def async_requests() -> AsyncIterator[Any]:
-                async for raw in requests:
-                    yield parse(raw)
-
-            return async_requests()
-        return (parse(raw) for raw in requests)
-
-    if inspect.isasyncgenfunction(behavior):
-
-        async def async_generator(requests: Any, context: Any) -> AsyncIterator[Any]:
-            async for response in behavior(parsed(requests), context):
-                yield response
-
-        return async_generator
-    if inspect.iscoroutinefunction(behavior):
-
-        async def coroutine(requests: Any, context: Any) -> Any:
-            return await behavior(parsed(requests), context)
-
-        return coroutine
-    if inspect.isgeneratorfunction(behavior):
-
-        def generator(requests: Any, context: Any) -> Iterator[Any]:
-            yield from behavior(parsed(requests), context)
-
-        return generator
-
-    def function(requests: Any, context: Any) -> Any:
-        return behavior(parsed(requests), context)
-
-    return function
-
-
-def _wrap_unary_response(behavior: Behavior, method: str) -> Behavior:
+def _wrap_unary_response(behavior: Behavior, method: str, streaming: bool) -> Behavior:
     """Wrap a unary-unary or stream-unary behavior."""
     if _is_async(behavior):
 
         async def async_unary(request: Any, context: Any) -> Any:
             try:
-                return await behavior(request, context)
+                return await behavior(_request_in(request, streaming), context)
             except Exception as exc:
                 await _abort(context, exc, method)
 
@@ -195,20 +177,20 @@ def _wrap_unary_response(behavior: Behavior, method: str) -> Behavior:
 
     def sync_unary(request: Any, context: Any) -> Any:
         try:
-            return behavior(request, context)
+            return behavior(_request_in_sync(request, streaming), context)
         except Exception as exc:
             _abort_sync(context, exc, method)
 
     return sync_unary
 
 
-def _wrap_stream_response(behavior: Behavior, method: str) -> Behavior:
+def _wrap_stream_response(behavior: Behavior, method: str, streaming: bool) -> Behavior:
     """Wrap a unary-stream or stream-stream behavior."""
     if inspect.iscoroutinefunction(behavior):
         # Reader/writer style: the handler calls context.write() and returns None.
         async def writer(request: Any, context: Any) -> None:
             try:
-                await behavior(request, context)
+                await behavior(_request_in(request, streaming), context)
             except Exception as exc:
                 await _abort(context, exc, method)
 
@@ -218,7 +200,7 @@ def _wrap_stream_response(behavior: Behavior, method: str) -> Behavior:
 
         async def async_generator(request: Any, context: Any) -> AsyncIterator[Any]:
             try:
-                async for response in behavior(request, context):
+                async for response in behavior(_request_in(request, streaming), context):
                     yield response
             except Exception as exc:
                 await _abort(context, exc, method)
@@ -227,7 +209,7 @@ def _wrap_stream_response(behavior: Behavior, method: str) -> Behavior:
 
     def sync_generator(request: Any, context: Any) -> Iterator[Any]:
         try:
-            yield from behavior(request, context)
+            yield from behavior(_request_in_sync(request, streaming), context)
         except Exception as exc:
             _abort_sync(context, exc, method)
 
@@ -267,6 +249,9 @@ def _reraise_if_grpc_own(context: Any, exc: Exception) -> None:
 def _status_for(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, StratadError):
         return _stratad_status(exc, method)
+    if type(exc) is NotImplementedError:  # a generated base class's unimplemented method
+        _log.debug("%s is not implemented", method)
+        return grpc.StatusCode.UNIMPLEMENTED, f"method {method} is not implemented"
     # Unknown errors may carry paths, keys or user data: log them, don't send them.
     incident = uuid.uuid4().hex[:12]
     _log.error("unhandled error in %s (incident %s)", method, incident, exc_info=exc)
@@ -360,13 +345,6 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
-#: The call being observed in this context: the request is parsed inside
-#: ErrorInterceptor (see _wrap_handler), which tells it the request's session.
-_current_watch: contextvars.ContextVar[_Watch | None] = contextvars.ContextVar(
-    "stratad_current_watch", default=None
-)
-
-
 class _Watch:
     """One call being observed: started now, finished once."""
 
@@ -376,7 +354,6 @@ class _Watch:
         self.session = ""
         self.started = time.perf_counter()
         self.token = current_request_id.set(call.request_id)
-        self.watch_token = _current_watch.set(self)
         for observer in observers:
             observer.call_started(call)
 
@@ -398,8 +375,6 @@ class _Watch:
             _log_request(result)
         with contextlib.suppress(ValueError):  # finished in another context
             current_request_id.reset(self.token)
-        with contextlib.suppress(ValueError):
-            _current_watch.reset(self.watch_token)
 
 
 def _final_code(context: Any, exc: BaseException | None) -> str:
@@ -557,5 +532,6 @@ __all__ = [
     "CallResult",
     "ErrorInterceptor",
     "RequestInterceptor",
+    "UndecodableRequest",
     "current_request_id",
 ]

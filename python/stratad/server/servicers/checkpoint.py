@@ -212,7 +212,7 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             tenant_of(context),
             request.session_id,
             namespace=request.namespace if request.HasField("namespace") else None,
-            metadata=struct_to_dict(request.metadata_filter),
+            metadata=struct_to_dict(request.metadata_filter, "metadata_filter"),
             before=request.before,
             page_size=request.page_size,
             page_token=request.page_token,
@@ -271,20 +271,33 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def _save_batch(
         self, tenant: str, batch: list[checkpoint_pb2.SaveStatesRequest]
     ) -> list[checkpoint_pb2.SaveStatesResponse]:
-        items = [(item.request.session_id, save_input(item.request)) for item in batch]
+        # An item the servicer already refuses (e.g. NaN in its metadata) fails
+        # alone, like an item the domain refuses: the stream goes on.
+        outcomes: list[StratadError | None] = []
+        items = []
+        for item in batch:
+            try:
+                items.append((item.request.session_id, save_input(item.request)))
+            except StratadError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
         # The whole batch runs in one event-loop slice: bound its total work.
         small = sum(_work(item.request) for item in batch) <= INLINE_SAVE_BYTES
         save = self.mutate if small else self.run
         try:
-            results = await save(self.engine.checkpoints.save_many, tenant, items)
+            results = iter(await save(self.engine.checkpoints.save_many, tenant, items))
         except StratadError as exc:  # the batch's commit failed (e.g. disk full)
             return [_item_error(grpc.StatusCode[exc.grpc_status], exc.message)] * len(batch)
-        return [
-            _item_error(grpc.StatusCode[r.grpc_status], r.message)
-            if isinstance(r, StratadError)
-            else checkpoint_pb2.SaveStatesResponse(response=save_to_pb(r))
-            for r in results
-        ]
+        responses = []
+        for refused in outcomes:
+            r = refused if refused is not None else next(results)
+            responses.append(
+                _item_error(grpc.StatusCode[r.grpc_status], r.message)
+                if isinstance(r, StratadError)
+                else checkpoint_pb2.SaveStatesResponse(response=save_to_pb(r))
+            )
+        return responses
 
     async def FindMissingChunks(
         self, request: checkpoint_pb2.FindMissingChunksRequest, context: grpc.aio.ServicerContext
@@ -350,7 +363,7 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
         result = await self.run(
             self.engine.checkpoint_extras.delete_matching,
             tenant_of(context),
-            [struct_to_dict(f) for f in request.metadata_filters],
+            [struct_to_dict(f, "metadata_filters") for f in request.metadata_filters],
             session_id=request.session_id,
             namespace=request.namespace if request.HasField("namespace") else None,
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -12,7 +11,7 @@ from stratad.domain.checkpoints import LoadResult, SaveResult
 from stratad.domain.events import SessionEvent
 from stratad.domain.models import Checkpoint, SessionStatus
 from stratad.domain.sessions import SessionInfo
-from stratad.errors import InvalidArgumentError
+from stratad.server.servicers.values import check_json
 
 _STATUS_TO_PB: dict[SessionStatus, common_pb2.SessionStatus.ValueType] = {
     SessionStatus.ACTIVE: common_pb2.SESSION_STATUS_ACTIVE,
@@ -28,46 +27,10 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-#: Deepest nesting of a Struct (metadata, filters, context) stratad accepts.
-MAX_STRUCT_DEPTH = 20
-
-
-def struct_to_dict(value: struct_pb2.Struct) -> dict[str, Any]:
-    """A Struct as JSON-compatible data; NaN, infinities and deep nesting are refused.
-
-    JSON has no NaN or infinity (protobuf's JSON mapping refuses to write
-    them), and every Struct stratad keeps is stored as JSON.
-    """
-    _check_struct(value)
-    try:
-        return json_format.MessageToDict(value)
-    except (json_format.Error, ValueError, RecursionError) as exc:
-        raise InvalidArgumentError(f"a Struct field is not valid JSON data: {exc}") from None
-
-
-def _check_struct(root: struct_pb2.Struct) -> None:
-    """Depth and numbers of a Struct, checked without recursion (it may be hostile)."""
-    todo: list[tuple[Any, int]] = [(root, 1)]
-    while todo:
-        node, depth = todo.pop()
-        if depth > MAX_STRUCT_DEPTH:
-            raise InvalidArgumentError(
-                f"a Struct field is nested deeper than {MAX_STRUCT_DEPTH} levels"
-            )
-        if isinstance(node, struct_pb2.Struct):
-            todo.extend((v, depth + 1) for v in node.fields.values())
-        elif isinstance(node, struct_pb2.ListValue):
-            todo.extend((v, depth + 1) for v in node.values)
-        else:  # a Value
-            kind = node.WhichOneof("kind")
-            if kind == "number_value" and not math.isfinite(node.number_value):
-                raise InvalidArgumentError(
-                    f"a Struct field holds {node.number_value}: JSON numbers must be finite"
-                )
-            if kind == "struct_value":
-                todo.append((node.struct_value, depth))
-            elif kind == "list_value":
-                todo.append((node.list_value, depth))
+def struct_to_dict(value: struct_pb2.Struct, what: str = "metadata") -> dict[str, Any]:
+    """A request's Struct as a dict: INVALID_ARGUMENT for NaN, infinities or over-deep nesting."""
+    check_json(value, what)  # MessageToDict raises ValueError on NaN and recurses
+    return json_format.MessageToDict(value)
 
 
 def dict_to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
