@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # A real S3-compatible server for tests: SeaweedFS, built from the Go module
-# proxy at a pinned version and cached in .tools/bin/weed.
+# proxy at a pinned version and cached in .tools/bin/weed ($STRATAD_TOOLS_DIR/bin/weed).
 #
 #   scripts/s3-test-server.sh build              build .tools/bin/weed (skipped when it
 #                                                already reports the pinned version)
-#   scripts/s3-test-server.sh start DIR PORT     start S3 on 127.0.0.1:PORT with data in DIR,
-#                                                in the background; create bucket stratad-test;
-#                                                print endpoint=... and pid=...; pid in DIR/weed.pid
+#   scripts/s3-test-server.sh start DIR PORT     start `weed mini` in the background, S3 on
+#                                                127.0.0.1:PORT, data in DIR, bucket stratad-test;
+#                                                return once a signed write works; print
+#                                                endpoint=, pid=, bucket=; pid in DIR/weed.pid
 #   scripts/s3-test-server.sh stop DIR           stop the server started with DIR
 #
-# `start` also uses the ports PORT+1 .. PORT+7 (master, volume and filer HTTP,
-# then the gRPC ports of master, volume, filer and S3), so pick PORT with eight
-# free ports from it. Credentials (signed requests, region us-east-1):
-# access key stratad-test, secret stratad-test-secret.
+# `start` also listens on PORT+1 .. PORT+9 (master, volume and filer HTTP, the
+# gRPC ports of master, volume, filer and S3, admin HTTP and gRPC), so pick
+# PORT with ten free ports from it. Credentials (signed requests, region
+# us-east-1): access key stratad-test, secret stratad-test-secret. `start`
+# needs curl 7.75 or later (--aws-sigv4).
 #
 # Build needs only `go` (PATH or /usr/local/go/bin) and the Go module proxy:
 # `go mod download` fetches the pinned module, the build fetches its
@@ -29,9 +31,10 @@ SEAWEEDFS_VERSION=v0.0.0-20261109003541-7506e5f91cd6
 BUCKET=stratad-test
 ACCESS_KEY=stratad-test
 SECRET_KEY=stratad-test-secret
+REGION=us-east-1
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TOOLS=$ROOT/.tools
+TOOLS=${STRATAD_TOOLS_DIR:-$ROOT/.tools}  # as scripts/check_deploy.sh
 WEED=$TOOLS/bin/weed
 
 die() {
@@ -52,6 +55,12 @@ find_go() {
     else
         die "no Go toolchain: put go on PATH (or install it in /usr/local/go)"
     fi
+}
+
+# True when PID is a running weed (a pid file may outlive its process, and
+# the pid be reused).
+is_weed() {
+    kill -0 "$1" 2>/dev/null && [[ $(ps -o comm= -p "$1") == weed ]]
 }
 
 # True when .tools/bin/weed exists and was built from the pinned version.
@@ -94,7 +103,7 @@ cmd_build() {
     mv -f "$WEED.tmp" "$WEED"
     rm -rf "$src"
     weed_is_current || die "$WEED does not report $SEAWEEDFS_VERSION: $("$WEED" version 2>&1)"
-    echo "built $WEED in $((SECONDS - start))s: $("$WEED" version | head -n 1)"
+    echo "built $WEED in $((SECONDS - start))s: $("$WEED" version 2>/dev/null | head -n 1)"
 }
 
 s3_config() {
@@ -111,91 +120,104 @@ s3_config() {
 EOF
 }
 
+# One signed S3 request (curl's SigV4); prints the HTTP status, 000 when
+# there was no answer.
+s3_request() {  # METHOD PATH [curl args...]
+    local method=$1 path=$2
+    shift 2
+    curl -s -o /dev/null -w '%{http_code}' --max-time 30 \
+        --aws-sigv4 "aws:amz:$REGION:s3" --user "$ACCESS_KEY:$SECRET_KEY" \
+        -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' \
+        -X "$method" "$@" "$ENDPOINT$path" 2>/dev/null || true
+}
+
+# Repeat a signed request until it gets the expected status; give up (and
+# stop weed) when weed exits or the start deadline passes.
+await_s3() {  # WHAT STATUS METHOD PATH [curl args...]
+    local what=$1 want=$2 status
+    shift 2
+    while :; do
+        status=$(s3_request "$@")
+        [[ $status == "$want" ]] && return
+        if ! kill -0 "$PID" 2>/dev/null; then
+            tail -n 50 "$DIR/weed.log" >&2
+            rm -f "$DIR/weed.pid"
+            die "weed exited before $what (log: $DIR/weed.log)"
+        fi
+        if ((SECONDS > DEADLINE)); then
+            tail -n 50 "$DIR/weed.log" >&2
+            cmd_stop "$DIR" >/dev/null
+            die "no $what within ${START_TIMEOUT}s: last HTTP status $status (log: $DIR/weed.log)"
+        fi
+        sleep 0.2
+    done
+}
+
 cmd_start() {
     [[ $# -eq 2 ]] || usage
-    local dir=$1 port=$2
-    if ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1024 || port + 7 > 65535)); then
-        die "PORT must be a number in 1024..65528, got '$port'"
+    local port=$2
+    if ! [[ $port =~ ^[0-9]+$ ]] || ((port < 1024 || port + 9 > 65535)); then
+        die "PORT must be a number in 1024..65526, got '$port'"
     fi
     [[ -x $WEED ]] || die "$WEED is missing: run '$0 build' first"
-    mkdir -p "$dir"
-    dir=$(cd "$dir" && pwd)
-    if [[ -f $dir/weed.pid ]] && kill -0 "$(cat "$dir/weed.pid")" 2>/dev/null; then
-        die "already running with pid $(cat "$dir/weed.pid") (stop it first: $0 stop $dir)"
+    weed_is_current || echo "s3-test-server: warning: $WEED is not $SEAWEEDFS_VERSION; '$0 build' rebuilds it" >&2
+    command -v curl >/dev/null || die "start needs curl (7.75 or later, for --aws-sigv4)"
+    mkdir -p "$1"
+    DIR=$(cd "$1" && pwd)
+    if [[ -f $DIR/weed.pid ]] && is_weed "$(cat "$DIR/weed.pid")"; then
+        die "already running with pid $(cat "$DIR/weed.pid") (stop it first: $0 stop $DIR)"
     fi
-    mkdir -p "$dir/data"
-    s3_config >"$dir/s3.json"
+    mkdir -p "$DIR/data"
+    s3_config >"$DIR/s3.json"
 
-    local endpoint=http://127.0.0.1:$port
+    # `weed mini`: master, volume server, filer and S3 gateway in one process,
+    # tuned for small local use (it starts and stops faster than `weed server`).
+    # Every listener on 127.0.0.1 and on a port derived from PORT, so servers
+    # started side by side do not clash.
     local args=(
-        server
+        mini
+        -dir="$DIR/data"
         -ip=127.0.0.1 -ip.bind=127.0.0.1
-        -dir="$dir/data"
-        # Small volumes, few of them: a test writes kilobytes.
-        -master.volumeSizeLimitMB=16 -volume.max=8
+        -s3.port="$port" -s3.port.grpc="$((port + 7))"
+        -s3.config="$DIR/s3.json"
+        -bucket="$BUCKET"
         -master.port="$((port + 1))" -master.port.grpc="$((port + 4))"
         -volume.port="$((port + 2))" -volume.port.grpc="$((port + 5))"
-        -volume.preStopSeconds=0
-        -filer -filer.port="$((port + 3))" -filer.port.grpc="$((port + 6))"
-        -filer.localSocket="$dir/filer.sock"
-        -s3 -s3.port="$port" -s3.port.grpc="$((port + 7))"
-        -s3.config="$dir/s3.json"
-        -s3.localSocket="$dir/s3.sock"
-        # No extra listeners on fixed ports, no phoning home.
-        -s3.port.iceberg=0 -s3.port.lance=0
-        -master.telemetry=false
+        -filer.port="$((port + 3))" -filer.port.grpc="$((port + 6))"
+        -admin.port="$((port + 8))" -admin.port.grpc="$((port + 9))"
+        -admin.port.legacy=0 -admin.ui=false
+        # Not needed: WebDAV, Iceberg and Lance endpoints (fixed default ports).
+        -webdav=false -s3.port.iceberg=0 -s3.port.lance=0
+        # Volumes are sparse files; a fixed limit keeps mini from sizing them
+        # from the free disk space. No pause before stopping, no telemetry.
+        -master.volumeSizeLimitMB=64 -volume.preStopSeconds=0 -master.telemetry=false
     )
-    printf '%q ' "$WEED" "${args[@]}" >"$dir/weed.cmdline"
-    echo >>"$dir/weed.cmdline"
-    echo "$port" >"$dir/weed.port"
+    printf '%q ' "$WEED" "${args[@]}" >"$DIR/weed.cmdline"
+    echo >>"$DIR/weed.cmdline"
+    echo "$port" >"$DIR/weed.port"
 
     local start=$SECONDS
     # In the caller's process group: a Ctrl-C of the test run ends it too.
-    "$WEED" "${args[@]}" </dev/null >"$dir/weed.log" 2>&1 &
-    local pid=$!
-    echo "$pid" >"$dir/weed.pid"
+    "$WEED" "${args[@]}" </dev/null >"$DIR/weed.log" 2>&1 &
+    PID=$!
+    echo "$PID" >"$DIR/weed.pid"
 
-    # Ready when a signed-request endpoint answers: an anonymous ListBuckets
-    # gets an S3 error document (403) once the gateway is serving.
-    local deadline=$((SECONDS + ${S3_TEST_SERVER_START_TIMEOUT:-60}))
-    until curl -s -o /dev/null -w '%{http_code}' "$endpoint/" 2>/dev/null | grep -q '^[1-5]'; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            tail -n 50 "$dir/weed.log" >&2
-            rm -f "$dir/weed.pid"
-            die "weed exited before S3 answered on $endpoint (log: $dir/weed.log)"
-        fi
-        if ((SECONDS > deadline)); then
-            tail -n 50 "$dir/weed.log" >&2
-            cmd_stop "$dir" >/dev/null
-            die "S3 did not answer on $endpoint within ${S3_TEST_SERVER_START_TIMEOUT:-60}s (log: $dir/weed.log)"
-        fi
-        sleep 0.2
-    done
+    # Ready when a signed write goes through: the gateway answers, the
+    # credentials work, the bucket exists, and the cluster can allocate a
+    # volume and take an object write lock (a fresh cluster holds both back
+    # for a few seconds). The probe object is deleted again.
+    ENDPOINT=http://127.0.0.1:$port
+    START_TIMEOUT=${S3_TEST_SERVER_START_TIMEOUT:-60}
+    DEADLINE=$((SECONDS + START_TIMEOUT))
+    local probe=/$BUCKET/.s3-test-server-probe
+    await_s3 "signed ListBuckets" 200 GET /
+    await_s3 "probe write" 200 PUT "$probe" --data-binary ready
+    await_s3 "probe delete" 204 DELETE "$probe"
 
-    create_bucket "$dir" "$port" "$pid"
-    echo "endpoint=$endpoint"
-    echo "pid=$pid"
+    echo "endpoint=$ENDPOINT"
+    echo "pid=$PID"
     echo "bucket=$BUCKET"
     echo "started in $((SECONDS - start))s" >&2
-}
-
-# A bucket is a directory under /buckets in the filer (what `weed shell`'s
-# s3.bucket.create makes too); S3 serves it at once. 201 created, 409 exists
-# (a restart on old data).
-create_bucket() {
-    local dir=$1 port=$2 pid=$3
-    local url=http://127.0.0.1:$((port + 3))/buckets/$BUCKET/
-    local deadline=$((SECONDS + 30)) status
-    while :; do
-        status=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$url" 2>/dev/null) || true
-        [[ $status == 201 || $status == 409 ]] && return
-        if ! kill -0 "$pid" 2>/dev/null || ((SECONDS > deadline)); then
-            tail -n 50 "$dir/weed.log" >&2
-            cmd_stop "$dir" >/dev/null
-            die "could not create bucket $BUCKET through the filer at $url (HTTP $status)"
-        fi
-        sleep 0.2
-    done
 }
 
 cmd_stop() {
@@ -206,10 +228,10 @@ cmd_stop() {
         return
     fi
     pid=$(cat "$pidfile")
-    if kill -0 "$pid" 2>/dev/null; then
+    if is_weed "$pid"; then
         kill -TERM "$pid"
         local i
-        for ((i = 0; i < 100; i++)); do
+        for ((i = 0; i < 100; i++)); do # 10 s to stop gracefully
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done
@@ -218,20 +240,29 @@ cmd_stop() {
         fi
     fi
     rm -f "$pidfile"
-    # weed puts its in-process gRPC sockets in /tmp, named by port.
+    # weed's in-process sockets are in /tmp, named by port (a unix socket path
+    # must be short, so not in DIR); a killed weed leaves them behind.
     if [[ -f $dir/weed.port ]]; then
-        local port p
+        local port socket
         port=$(cat "$dir/weed.port")
-        for p in master:4 volume:5 filer:6 s3:7; do
-            rm -f "/tmp/seaweedfs-${p%%:*}-grpc-$((port + ${p#*:})).sock"
+        for socket in s3-$port filer-$((port + 3)) master-grpc-$((port + 4)) \
+            volume-grpc-$((port + 5)) filer-grpc-$((port + 6)) s3-grpc-$((port + 7)) \
+            admin-grpc-$((port + 9)); do
+            rm -f "/tmp/seaweedfs-$socket.sock"
         done
     fi
     echo "stopped pid $pid"
 }
 
 case ${1:-} in
-build) shift && [[ $# -eq 0 ]] || usage && cmd_build ;;
-start) shift && cmd_start "$@" ;;
-stop) shift && cmd_stop "$@" ;;
+build)
+    [[ $# -eq 1 ]] || usage
+    cmd_build
+    ;;
+start | stop)
+    cmd=cmd_$1
+    shift
+    "$cmd" "$@"
+    ;;
 *) usage ;;
 esac
