@@ -9,10 +9,10 @@ STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
-        rust-check proto proto-check core-purity bench clean deploy-check
+        rust-check proto proto-check core-purity bench clean deploy-check s3-server
 
 help: ## List the targets with a one-line description
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml Cargo.toml $(wildcard rust/*/Cargo.toml)
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,9 @@ bench: build ## Run every benchmark and update docs/benchmarks.md
 
 deploy-check: $(STAMP) ## Check deploy/ offline: hadolint, Dockerfile build steps, helm lint/template, kubeconform
 	bash scripts/check_deploy.sh
+
+s3-server: ## Build (once, cached in .tools/bin) the SeaweedFS S3 server the tests use; needs Go
+	bash scripts/s3-test-server.sh build
 
 clean: ## Remove build outputs (keeps .venv)
 	cargo clean

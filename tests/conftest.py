@@ -12,6 +12,12 @@
   temporary data directory and returns an `InProcessServer` (``.target``,
   ``.server``, ``.resources``, ``.run(coro)``, ``.stop(grace)``); every server
   still running at the end of the test is stopped.
+- ``s3_server``: a real S3 server (SeaweedFS, `scripts/s3-test-server.sh`) with
+  bucket ``stratad-test``, shared by the session; each test gets its own
+  `S3Server` view with a fresh key ``.prefix`` (``.endpoint``, ``.bucket``,
+  ``.access_key``, ``.secret_key``, ``.region``, ``.store()`` an obstore
+  ``S3Store`` rooted at that prefix). Skipped when ``.tools/bin/weed`` is not
+  built (``make s3-server``), unless STRATAD_REQUIRE_S3 is set: then it fails.
 
 ``--runslow`` also runs the tests marked ``@pytest.mark.slow`` (skipped otherwise).
 """
@@ -20,6 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import os
+import random
 import socket
 import subprocess
 import threading
@@ -31,6 +40,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from obstore.store import S3Store
 
 from stratad.config import Config
 from stratad.server.app import StratadServer, start_server
@@ -199,3 +209,106 @@ def inprocess_server(tmp_path: Path) -> Iterator[Callable[..., InProcessServer]]
     yield start
     for server in started:
         server.stop(grace=0)
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+S3_TEST_SERVER = REPO_ROOT / "scripts" / "s3-test-server.sh"
+# Where the script builds it (STRATAD_TOOLS_DIR as in scripts/check_deploy.sh).
+WEED = Path(os.environ.get("STRATAD_TOOLS_DIR") or REPO_ROOT / ".tools") / "bin" / "weed"
+# `start DIR PORT` listens on PORT and the 9 ports after it (see the script).
+S3_SERVER_PORTS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Server:
+    """A running S3 server (`scripts/s3-test-server.sh start`) and where a test may write.
+
+    ``prefix`` is a key prefix of the test's own; `store` is rooted at it.
+    """
+
+    endpoint: str
+    bucket: str
+    access_key: str
+    secret_key: str
+    pid: int
+    data_dir: Path
+    region: str = "us-east-1"
+    prefix: str = ""
+
+    def store(self, prefix: str | None = None) -> S3Store:
+        """An obstore S3Store for the bucket, rooted at ``prefix`` (default: ``self.prefix``)."""
+        prefix = self.prefix if prefix is None else prefix
+        return S3Store(
+            self.bucket,
+            prefix=prefix or None,
+            endpoint=self.endpoint,
+            access_key_id=self.access_key,
+            secret_access_key=self.secret_key,
+            region=self.region,
+            allow_http=True,
+        )
+
+
+def _free_port_range(count: int) -> int:
+    """A port P with P .. P+count-1 all free on 127.0.0.1, below Linux's ephemeral range."""
+    for _ in range(200):
+        base = random.randrange(20000, 32768 - count)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def _run_s3_test_server(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(S3_TEST_SERVER), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def s3_server_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The session's S3 server; tests use ``s3_server`` (a per-test prefix on it)."""
+    if not WEED.exists():
+        reason = f"the S3 test server {WEED} is not built: run `make s3-server`"
+        if os.environ.get("STRATAD_REQUIRE_S3", "") not in ("", "0"):
+            pytest.fail(f"STRATAD_REQUIRE_S3 is set but {reason}", pytrace=False)
+        pytest.skip(reason)
+    data_dir = tmp_path_factory.mktemp("s3-server")
+    failures = []
+    # A port taken between our check and weed's bind fails the start: try others.
+    for _ in range(3):
+        result = _run_s3_test_server("start", str(data_dir), str(_free_port_range(S3_SERVER_PORTS)))
+        if result.returncode == 0:
+            break
+        failures.append(result.stdout + result.stderr)
+    else:
+        pytest.fail("s3-test-server.sh start failed:\n" + "\n---\n".join(failures))
+    info = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    try:
+        yield S3Server(
+            endpoint=info["endpoint"],
+            bucket=info["bucket"],
+            access_key="stratad-test",
+            secret_key="stratad-test-secret",
+            pid=int(info["pid"]),
+            data_dir=data_dir,
+        )
+    finally:
+        stopped = _run_s3_test_server("stop", str(data_dir))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+@pytest.fixture
+def s3_server(s3_server_session: S3Server) -> S3Server:
+    """The session's S3 server with a key prefix no other test uses."""
+    prefix = f"test-{time.time_ns()}-{random.randrange(1 << 32):08x}"
+    return dataclasses.replace(s3_server_session, prefix=prefix)
