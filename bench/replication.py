@@ -78,7 +78,7 @@ def ports_free(base: int, count: int) -> bool:
 @contextmanager
 def s3_server(tmp: Path) -> Iterator[str]:
     subprocess.run(["bash", str(SCRIPT), "build"], check=True)
-    base = next(p for p in range(21000, 60000, 10) if ports_free(p, 8))
+    base = next(p for p in range(21000, 60000, 10) if ports_free(p, 10))
     directory = tmp / "s3"
     directory.mkdir()
     out = subprocess.run(
