@@ -181,10 +181,15 @@ run one after the other in the same run, object storage is SeaweedFS on loopback
   object store's PUT latency twice per save.
 - `async` costs the save path nothing: shipping runs on a background thread
   every `replication_lag_ms`.
-- The bucket holds the objects once (packs), plus the journal segments; the
-  HEAD is rebased on the whole journal every 32 segments and at each local
-  compaction, so replaced segments stay in the bucket until a remote
-  collection (not implemented yet) removes them.
+- The bucket holds the objects once (packs) plus the journal segments. The
+  HEAD is rebased on the whole local journal every 256 segments and at each
+  local compaction; the segments a rebase replaces are deleted at the next
+  one. In `sync` mode every save is a segment and (when it adds objects) a
+  pack with its index: that is the object count. The journal records carry
+  the new objects too, so `sync` uploads them twice; folding packs into the
+  segments would halve its PUTs (not done yet).
+- The p99 of `sync` is the rebase at a local compaction: the whole journal
+  (up to 4 MiB) is uploaded inside that save.
 """
     write_section(HEADING, section)
 
