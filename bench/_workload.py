@@ -1,4 +1,4 @@
-"""The reference workload of DESIGN.md section 8: the growing conversation.
+"""The reference workload of docs/design.md: the growing conversation.
 
 Step i (0-based) is the JSON state
 

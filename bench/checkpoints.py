@@ -1,6 +1,6 @@
 """Checkpoint storage: stratad through gRPC beside LangGraph's SqliteSaver and a bare echo server.
 
-(a) The growing conversation (DESIGN.md section 8) at 500 and 2,000 steps:
+(a) The growing conversation (docs/design.md) at 500 and 2,000 steps:
     bytes on disk and checkpoints/s for stratad (a daemon subprocess, fsync on,
     the Python SDK with chunked uploads) and for LangGraph's SqliteSaver storing
     the same payloads in-process, in the same run.
@@ -456,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "stratad runs as a daemon subprocess with durability `fsync` (every acknowledged",
         "save is on disk); SqliteSaver runs in the benchmark's own process. Only the time",
         "inside the save calls counts; the states are generated outside it.", "",
-        "### (a) The growing conversation (DESIGN.md section 8)", "",
+        "### (a) The growing conversation (docs/design.md)", "",
         growing_table(growing), "",
         f"### (b) {CLIENTS} concurrent clients, 8 KB states, {CLIENTS} sessions", "",
         f"Streams keep {WINDOW} requests in flight each. The echo server answers 64 bytes",

@@ -1,7 +1,7 @@
 """LangGraph checkpointers: StratadSaver beside SqliteSaver, InMemorySaver and PostgresSaver.
 
-A real LangGraph StateGraph runs the growing conversation of DESIGN.md
-section 8: its state is {"messages", "step", "scratch"}, `messages` uses the
+A real LangGraph StateGraph runs the growing conversation of
+docs/design.md: its state is {"messages", "step", "scratch"}, `messages` uses the
 `add_messages` reducer, and one node adds message i (80 words, role user /
 assistant) per super-step, so run N takes N steps in one `invoke` (one
 checkpoint and one put_writes per step, LangGraph's default durability
@@ -311,8 +311,8 @@ cuts and hashes it, and makes one gRPC call that sends only the new chunks and
 returns after the daemon's journal fsync; put_writes is a second journaled call.
 Measured alone on this machine, a SaveState of the growing state takes about 3.5 ms
 and a PutWrites about 3 ms, against 1 ms for a read-only call (GetSession): the
-fixed cost of a journaled, group-committed mutation over Python gRPC (DESIGN.md
-section 9). SqliteSaver writes in-process, about 2-3 ms a step at 500 steps, but it
+fixed cost of a journaled, group-committed mutation over Python gRPC (see
+docs/design.md). SqliteSaver writes in-process, about 2-3 ms a step at 500 steps, but it
 writes the whole checkpoint every time, so its cost grows with the conversation,
 while StratadSaver sends and stores only the new chunks: at 500 steps StratadSaver
 is at about half SqliteSaver's speed, at 2,000 steps it meets the 0.8x target.
@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         HEADING, "",
         f"Command: `python bench/langgraph.py`. Measured {machine_facts()}.",
         "A LangGraph StateGraph (`add_messages` on `messages`, plus `step` and `scratch`)",
-        "adds one message of the growing conversation (DESIGN.md section 8) per super-step,",
+        "adds one message of the growing conversation (docs/design.md) per super-step,",
         "in one `invoke` per run: one checkpoint and one `put_writes` per step, LangGraph's",
         "default durability (`async`). steps/s is over the whole invoke (graph work and",
         "serialization included, the same for every saver); bytes stored are the files the",

@@ -4,7 +4,7 @@
     python bench/native.py --quick   # smoke run, prints only
 
 (a) chunk + digest + frame (zstd) of the growing-conversation JSON
-    (DESIGN.md section 8) at 1 MB and 16 MB. Python stacks: the `fastcdc`
+    (docs/design.md) at 1 MB and 16 MB. Python stacks: the `fastcdc`
     package's Cython chunker (the fastest Python option; it also ships a
     pure-Python one, measured too) + `blake3` + `zstandard`, and the
     pure-Python port of fastcdc v2020 in tests/native/reference.py.

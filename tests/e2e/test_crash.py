@@ -69,7 +69,7 @@ class Daemon(Protocol):
     def output(self) -> str: ...
 
 
-#: The vocabulary of the reference workload (DESIGN.md section 8).
+#: The vocabulary of the reference workload (docs/design.md).
 WORKLOAD_TEXT = (
     "the agent decided to call the search tool because the user asked about quarterly "
     "revenue figures and then it summarized results into a table with notes about errors "
@@ -145,7 +145,7 @@ def small_states(rng: random.Random) -> Iterator[bytes]:
 
 
 def growing_states(rng: random.Random, writer: str) -> Iterator[bytes]:
-    """The growing conversation of DESIGN.md section 8, from above 16 KiB up."""
+    """The growing conversation of docs/design.md, from above 16 KiB up."""
     messages: list[dict[str, str]] = []
 
     def message() -> dict[str, str]:

@@ -41,7 +41,7 @@ def object_path(api: Api, digest: str, tenant: str = "default") -> Path:
     return root / digest[:2] / digest[2:]
 
 
-#: The vocabulary of DESIGN.md's reference workload (section 8).
+#: The vocabulary of the reference workload (docs/design.md).
 WORDS = [
     *["the", "agent", "decided", "to", "call", "search", "tool", "because", "user", "asked"],
     *["about", "quarterly", "revenue", "figures", "and", "then", "it", "summarized", "results"],
@@ -50,7 +50,7 @@ WORDS = [
 
 
 def conversation(steps: int) -> list[bytes]:
-    """The growing conversation of DESIGN.md: each state repeats the whole history."""
+    """The growing conversation of docs/design.md: each state repeats the whole history."""
     rng = random.Random(7)
     messages: list[dict[str, str]] = []
     states = []

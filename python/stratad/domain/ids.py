@@ -1,6 +1,6 @@
 """Identifier rules shared by every service.
 
-DESIGN.md section 4 allows `[A-Za-z0-9][A-Za-z0-9._:-]{0,127}`. stratad also
+docs/design.md (API contract) allows `[A-Za-z0-9][A-Za-z0-9._:-]{0,127}`. stratad also
 accepts `_` after the first character, because the seeds' own examples use it
 (`session_123`, `sess_001`, `crystal_{session_id}_{timestamp}`) and must run
 unchanged; every ID the design allows is still allowed. No ID can contain a
