@@ -16,6 +16,8 @@ from google.protobuf import struct_pb2
 
 from stratad import native
 from stratad.api.v1 import checkpoint_pb2, common_pb2, session_pb2
+from stratad.errors import ERROR_DOMAIN
+from stratad.sdk.client import error_info
 
 if TYPE_CHECKING:
     from conftest import Api
@@ -951,3 +953,19 @@ def test_without_retention_every_checkpoint_is_kept(api: Api) -> None:
     for i in range(12):
         api.save("s", str(i).encode())
     assert len(api.checkpoint_ids("s")) == 12
+
+
+def test_errors_carry_a_reason_and_metadata_clients_can_match(api: Api) -> None:
+    """ErrorInfo (domain stratad.dev) instead of matching English text."""
+    api.create("s1")
+    api.save("s1", b"one")
+    stale = checkpoint_pb2.SaveStateRequest(session_id="s1", data=b"two", expected_version=1)
+    with pytest.raises(grpc.RpcError) as raised:
+        api.call(api.checkpoints.SaveState, stale)
+    info = error_info(raised.value)
+    assert info is not None
+    assert (info.domain, info.reason) == (ERROR_DOMAIN, "VERSION_CONFLICT")
+    with pytest.raises(grpc.RpcError) as raised:
+        api.call(api.sessions.GetSession, session_pb2.GetSessionRequest(session_id="../x"))
+    info = error_info(raised.value)
+    assert info is not None and info.reason == "INVALID_ARGUMENT"

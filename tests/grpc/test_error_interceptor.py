@@ -22,7 +22,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 import stratad.errors
-from stratad.errors import StratadError
+from stratad.errors import ERROR_DOMAIN, StratadError
+from stratad.sdk.client import error_info, to_error
 from stratad.server.registry import Resources, ServiceRegistration
 
 SERVICE = "stratad.test.v1.ErrorService"
@@ -256,6 +257,11 @@ def test_stratad_errors_map_to_their_status(
     assert exc.details() == f"boom {error.__name__}"
     if method in STREAM_RESPONSE and not method.endswith("Sync"):
         assert received == [b"first"]  # what was sent before the error still arrives
+    # Every error carries its machine-readable reason as a google.rpc.ErrorInfo.
+    info = error_info(exc)
+    assert info is not None, "no ErrorInfo in grpc-status-details-bin"
+    assert (info.domain, info.reason) == (ERROR_DOMAIN, error.default_reason)
+    assert to_error(exc).reason == error.default_reason
 
 
 @pytest.mark.parametrize("method", list(METHODS))

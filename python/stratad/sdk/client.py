@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 from google.protobuf import struct_pb2
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from stratad.api.v1 import (
     admin_pb2,
@@ -28,6 +30,7 @@ from stratad.api.v1 import (
 )
 from stratad.errors import (
     ERROR_BY_STATUS,
+    ERROR_DOMAIN,
     FailedPreconditionError,
     NotFoundError,
     StratadError,
@@ -76,11 +79,32 @@ def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, Any]]:
 
 
 def to_error(exc: grpc.RpcError) -> StratadError:
-    """The stratad.errors exception for a failed call."""
+    """The stratad.errors exception for a failed call, with the server's reason.
+
+    The reason and its metadata come from the `google.rpc.ErrorInfo` the
+    daemon attaches to every error (`exc.reason`, e.g. "VERSION_CONFLICT");
+    calls that carry none (a transport failure) get the class default.
+    """
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = (exc.details() if hasattr(exc, "details") else None) or str(code)
     cls = ERROR_BY_STATUS.get(code.name, StratadError)
-    return cls(details)
+    info = error_info(exc)
+    if info is None:
+        return cls(details)
+    return cls(details, reason=info.reason, metadata=dict(info.metadata))
+
+
+def error_info(exc: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The stratad ErrorInfo of a failed call, if the daemon sent one."""
+    try:
+        status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    except (ValueError, AttributeError):  # a mismatched or malformed trailer
+        return None
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == ERROR_DOMAIN:
+            return info
+    return None
 
 
 def struct(value: dict[str, Any] | None) -> struct_pb2.Struct:

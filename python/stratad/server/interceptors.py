@@ -47,9 +47,12 @@ from typing import Any, Protocol
 
 import grpc
 import grpc.aio
+from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
-from stratad.errors import InvalidArgumentError, StratadError
+from stratad.errors import ERROR_DOMAIN, InvalidArgumentError, StratadError
 from stratad.server.logging_setup import current_request_id
 
 _log = logging.getLogger(__name__)
@@ -225,14 +228,31 @@ async def _abort(context: Any, exc: Exception, method: str) -> None:
     """Turn ``exc`` into the call's status (raises grpc's AbortError)."""
     _reraise_if_grpc_own(context, exc)
     code, details = _status_for(exc, method)
-    await context.abort(code, details)
+    await context.abort(code, details, trailing_metadata=_error_details(code, details, exc))
 
 
 def _abort_sync(context: Any, exc: Exception, method: str) -> None:
     """`_abort` for handlers that grpc.aio runs in its thread pool."""
     _reraise_if_grpc_own(context, exc)
     code, details = _status_for(exc, method)
-    context.abort(code, details)
+    context.abort(code, details, trailing_metadata=_error_details(code, details, exc))
+
+
+def _error_details(code: grpc.StatusCode, message: str, exc: Exception) -> tuple[Any, ...]:
+    """The `grpc-status-details-bin` trailer: a google.rpc.Status with an ErrorInfo.
+
+    Clients in any language read the machine-readable reason (domain
+    ERROR_DOMAIN) from it instead of matching the English message.
+    """
+    if isinstance(exc, StratadError):
+        reason, metadata = exc.reason, exc.metadata
+    else:
+        reason, metadata = code.name, {}
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    return tuple(rpc_status.to_status(status).trailing_metadata)
 
 
 def _reraise_if_grpc_own(context: Any, exc: Exception) -> None:
