@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -48,27 +49,41 @@ def wait_serving(
 @contextlib.contextmanager
 def process(args: Sequence[str], address: str) -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_serving(address, proc=proc)
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    # stderr to a file, not a pipe: in a long run (bench/load.py's soak) a daemon
+    # that logs would block once a pipe nobody reads is full.
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            try:
+                wait_serving(address, proc=proc)
+            except RuntimeError as e:
+                stderr.seek(0)
+                raise RuntimeError(f"{e}\n{stderr.read().decode(errors='replace')}") from None
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @contextlib.contextmanager
-def daemon(data_dir: Path, *extra: str) -> Iterator[str]:
-    """A `stratad serve` subprocess on a free loopback port; yields its address."""
+def daemon_process(data_dir: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A `stratad serve` subprocess on a free loopback port; yields (address, process)."""
     address = f"127.0.0.1:{free_port()}"
     args = [sys.executable, "-m", "stratad", "serve", "--listen", address]
     # No metrics endpoint: its default port would collide between daemons.
     args += ["--data-dir", str(data_dir), "--log-level", "warning", "--metrics-listen", "off"]
     args += extra
-    with process(args, address):
+    with process(args, address) as proc:
+        yield address, proc
+
+
+@contextlib.contextmanager
+def daemon(data_dir: Path, *extra: str) -> Iterator[str]:
+    """A `stratad serve` subprocess on a free loopback port; yields its address."""
+    with daemon_process(data_dir, *extra) as (address, _):
         yield address
 
 

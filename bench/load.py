@@ -1,0 +1,864 @@
+"""Load test a stratad daemon: open- or closed-loop SaveState, SaveStates or LoadState traffic.
+
+Point it at any daemon (`--address HOST:PORT`) or let it start one in a temporary
+data directory (`--spawn`, the default without --address; then it also samples the
+daemon's RSS every second). Open loop (`--mode open`) issues `--rate` requests per
+second on a fixed schedule whatever the daemon does, and measures each latency from
+the request's *scheduled* send time, so a stalled daemon shows up as latency instead
+of as fewer requests (no coordinated omission); at most `--max-outstanding` requests
+are in flight, the rest are dropped and counted. Closed loop (`--mode closed`) runs
+`--concurrency` workers that each send the next request when the previous answers.
+
+Prints a summary (throughput, p50/p90/p99/p99.9/max, errors by status code), a
+latency histogram and throughput over time; `--json` writes all of it, `--plot` a
+PNG (needs matplotlib: `pip install -e '.[bench]'`), `--doc` the "Load soak" section
+of docs/benchmarks.md. Usage and examples: docs/load-testing.md.
+
+Usage: python bench/load.py [--address HOST:PORT | --spawn] [--mode open|closed]
+       [--rate N] [--concurrency C] [--duration S] [--size BYTES] [--sessions S]
+       [--rpc save|saves-stream|load] [--workload random|conversation]
+       [--json OUT.json] [--plot OUT.png] [--doc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import datetime as dt
+import itertools
+import json
+import math
+import os
+import random
+import secrets
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _workload
+from _daemon import daemon_process
+from _report import DOC, fmt_bytes, machine_facts, markdown_table, write_section
+
+from stratad.api.v1 import (
+    checkpoint_pb2,
+    checkpoint_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+)
+
+HEADING = "## Load soak (bench/load.py)"
+TENANT_HEADER = "x-stratad-tenant"
+# A send that leaves this long after its scheduled time means the client itself
+# fell behind (CPU, event loop): reported as "late", its latency still counted
+# from the schedule.
+LATE_AFTER = 0.010
+# The growing conversation: each session cycles through this many consecutive
+# steps, so the load stays stationary however long the run (states grow ~500 B/step).
+CONVERSATION_STEPS = 32
+# RSS counts as flat when the last sample is within this factor of the sample
+# taken after the first minute (the first minute is warm-up: caches, allocator).
+FLAT_RSS_FACTOR = 1.10
+CHANNEL_OPTIONS = [
+    # Each channel its own TCP connection: by default gRPC shares one subchannel
+    # among channels with equal arguments, and "several channels" would be one.
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+# --------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    address: str | None
+    spawn: bool
+    mode: str
+    rate: float
+    concurrency: int
+    duration: float
+    size: int
+    sessions: int
+    tenant: str
+    rpc: str
+    workload: str
+    channels: int
+    max_outstanding: int
+    timeout: float
+    keep_last: int
+    keep_sessions: bool
+    rss_pid: int | None
+    daemon_args: tuple[str, ...]
+    json_path: Path | None
+    plot_path: Path | None
+    doc: bool
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((TENANT_HEADER, self.tenant),) if self.tenant else ()
+
+
+def parse_args(argv: Sequence[str] | None) -> Config:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--address", help="HOST:PORT of a running daemon")
+    target.add_argument(
+        "--spawn",
+        action="store_true",
+        help="start a daemon in a temp dir (default without --address)",
+    )
+    p.add_argument("--mode", choices=("open", "closed"), default="open")
+    p.add_argument("--rate", type=float, default=100.0, help="open loop: requests per second")
+    p.add_argument("--concurrency", type=int, default=16, help="closed loop: workers")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of load")
+    p.add_argument("--size", type=int, default=8192, help="state bytes per save")
+    p.add_argument("--sessions", type=int, default=16, help="sessions the requests spread over")
+    p.add_argument("--tenant", default="", help="x-stratad-tenant (default: the daemon's)")
+    p.add_argument("--rpc", choices=("save", "saves-stream", "load"), default="save")
+    p.add_argument("--workload", choices=("random", "conversation"), default="random")
+    p.add_argument("--channels", type=int, default=4, help="gRPC channels (TCP connections)")
+    p.add_argument("--max-outstanding", type=int, default=1000,
+                   help="open loop: requests in flight before new ones are dropped")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=30.0, help="deadline per request, seconds")
+    p.add_argument("--keep-last", type=int, default=0,
+                   help="keep_last retention of the run's sessions (0: keep all)")  # fmt: skip
+    p.add_argument("--keep-sessions", action="store_true",
+                   help="do not delete the sessions afterwards (--address only)")  # fmt: skip
+    p.add_argument("--rss-pid", type=int, help="sample this local daemon's RSS (--address)")
+    p.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
+                   help="extra `stratad serve` argument with --spawn, e.g. "
+                        "--daemon-arg=--durability=interval (repeatable)")  # fmt: skip
+    p.add_argument("--json", type=Path, help="write the full report as JSON")
+    p.add_argument("--plot", type=Path, help="write a PNG: throughput, p50/p99 (and RSS)")
+    p.add_argument("--doc", action="store_true",
+                   help=f"rewrite '{HEADING[3:]}' in docs/benchmarks.md")  # fmt: skip
+    a = p.parse_args(argv)
+    if min(a.rate, a.duration, a.concurrency, a.sessions, a.channels, a.max_outstanding) <= 0:
+        p.error("--rate, --duration, --concurrency, --sessions, --channels, --max-outstanding > 0")
+    return Config(
+        address=a.address, spawn=a.address is None, mode=a.mode, rate=a.rate,
+        concurrency=a.concurrency, duration=a.duration, size=a.size, sessions=a.sessions,
+        tenant=a.tenant, rpc=a.rpc, workload=a.workload, channels=a.channels,
+        max_outstanding=a.max_outstanding, timeout=a.timeout, keep_last=a.keep_last,
+        keep_sessions=a.keep_sessions, rss_pid=a.rss_pid, daemon_args=tuple(a.daemon_arg),
+        json_path=a.json, plot_path=a.plot, doc=a.doc,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+# Measuring: a log-bucketed histogram, per-second windows, error counts
+# --------------------------------------------------------------------------
+
+
+class Histogram:
+    """HDR-style latency counts in log buckets: 1% relative error from 1 µs up, fixed memory.
+
+    A soak of hours at thousands of requests per second stays at a few hundred
+    buckets, where a list of samples would grow without bound.
+    """
+
+    FLOOR = 1e-6
+    GROWTH = 1.01
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.total = 0
+        self.sum = 0.0
+        self.max = 0.0
+
+    def record(self, seconds: float) -> None:
+        ratio = max(seconds, self.FLOOR) / self.FLOOR
+        index = math.ceil(math.log(ratio) / math.log(self.GROWTH) - 1e-9)
+        self.counts[index] = self.counts.get(index, 0) + 1
+        self.total += 1
+        self.sum += seconds
+        self.max = max(self.max, seconds)
+
+    def merge(self, other: Histogram) -> None:
+        for index, count in other.counts.items():
+            self.counts[index] = self.counts.get(index, 0) + count
+        self.total += other.total
+        self.sum += other.sum
+        self.max = max(self.max, other.max)
+
+    def upper(self, index: int) -> float:
+        return self.FLOOR * self.GROWTH**index
+
+    def percentile(self, q: float) -> float:
+        """The upper bound of the bucket holding the q-quantile (never above the max)."""
+        if not self.total:
+            return math.nan
+        rank = max(1, math.ceil(q * self.total))
+        seen = 0
+        for index in sorted(self.counts):
+            seen += self.counts[index]
+            if seen >= rank:
+                return min(self.upper(index), self.max)
+        return self.max
+
+    def buckets(self) -> list[tuple[float, int]]:
+        """(upper bound in seconds, count) of every non-empty bucket, ascending."""
+        return [(self.upper(i), self.counts[i]) for i in sorted(self.counts)]
+
+
+@dataclass
+class Window:
+    """One second of the run, by completion time."""
+
+    completed: int = 0
+    errors: int = 0
+    latency: Histogram = field(default_factory=Histogram)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.t0 = now()
+        self.end = self.t0
+        self.latency = Histogram()
+        self.windows: dict[int, Window] = {}
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.scheduled: int | None = None
+        self.sent = self.dropped = self.late = 0
+        self.max_lag = 0.0
+
+    def start(self) -> None:
+        self.t0 = self.end = now()
+
+    def _window(self, t: float) -> Window:
+        self.end = max(self.end, t)
+        return self.windows.setdefault(int(t - self.t0), Window())
+
+    def on_send(self, scheduled: float) -> None:
+        lag = now() - scheduled
+        self.sent += 1
+        self.late += lag > LATE_AFTER
+        self.max_lag = max(self.max_lag, lag)
+
+    def on_ok(self, scheduled: float) -> None:
+        t = now()
+        window = self._window(t)
+        window.completed += 1
+        window.latency.record(t - scheduled)
+        self.latency.record(t - scheduled)
+
+    def on_error(self, code: str) -> None:
+        self._window(now()).errors += 1
+        self.errors[code] += 1
+
+
+# --------------------------------------------------------------------------
+# Payloads and the three RPCs
+# --------------------------------------------------------------------------
+
+
+class Payloads:
+    """State bytes per session: fresh random bytes, or the growing conversation."""
+
+    def __init__(self, workload: str, size: int, sessions: int) -> None:
+        self._rng = random.Random(0)
+        self._seq = [0] * sessions
+        self._states: list[bytes] = []
+        if workload == "conversation":
+            first = _workload.step_of_size(size)
+            steps = range(first, first + CONVERSATION_STEPS)
+            self._states = [_workload.conversation_state(i) for i in steps]
+        self.size = size
+        self.content_type = "application/json" if self._states else "application/octet-stream"
+
+    def next(self, session: int) -> bytes:
+        n = self._seq[session]
+        self._seq[session] += 1
+        if self._states:
+            return self._states[(session + n) % len(self._states)]
+        # Fresh bytes every save: nothing dedups or compresses away.
+        return self._rng.randbytes(self.size)
+
+
+class RequestFailed(Exception):
+    """A request that ended with a non-OK status (the name of its grpc.StatusCode)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+Send = Callable[[int], Awaitable[None]]
+
+
+@dataclass
+class _Stream:
+    call: Any  # grpc.aio.StreamStreamCall
+    pending: collections.deque[asyncio.Future[Any]]
+    reader: asyncio.Task[None]
+
+
+async def _read_replies(call: Any, pending: collections.deque[asyncio.Future[Any]]) -> None:
+    """Hand each reply to the oldest waiting request; fail the rest when the stream ends."""
+    try:
+        while (reply := await call.read()) is not grpc.aio.EOF:
+            future = pending.popleft()
+            if not future.done():  # its sender may have timed out
+                future.set_result(reply)
+        error = RequestFailed((await call.code()).name)
+    except grpc.aio.AioRpcError as e:
+        error = RequestFailed(e.code().name)
+    while pending:
+        future = pending.popleft()
+        if not future.done():
+            future.set_exception(error)
+
+
+class StreamLane:
+    """One SaveStates stream shared by many senders: replies come back in request order."""
+
+    def __init__(self, stub: Any, cfg: Config) -> None:
+        self._stub = stub
+        self._cfg = cfg
+        self._lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
+        self._stream: _Stream | None = None
+
+    def _open(self) -> _Stream:
+        # A stream that broke is replaced; its waiting requests already failed.
+        if self._stream is None or self._stream.reader.done():
+            call = self._stub.SaveStates(metadata=self._cfg.metadata)
+            pending: collections.deque[asyncio.Future[Any]] = collections.deque()
+            reader = asyncio.create_task(_read_replies(call, pending))
+            self._stream = _Stream(call, pending, reader)
+        return self._stream
+
+    async def save(self, request: checkpoint_pb2.SaveStateRequest) -> None:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        async with self._lock:
+            stream = self._open()
+            stream.pending.append(future)
+            try:
+                await stream.call.write(checkpoint_pb2.SaveStatesRequest(request=request))
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                future.cancel()
+                code = (await stream.call.code()).name if stream.call.done() else "UNKNOWN"
+                raise RequestFailed(code) from None
+        reply = await asyncio.wait_for(future, self._cfg.timeout)
+        if reply.HasField("error"):
+            raise RequestFailed(CODE_NAMES.get(reply.error.code, str(reply.error.code)))
+
+    async def close(self) -> None:
+        if self._stream is not None and not self._stream.reader.done():
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await self._stream.call.done_writing()
+            await self._stream.reader
+
+
+@dataclass
+class Target:
+    """What the load is sent to: channels, the run's sessions, payloads."""
+
+    cfg: Config
+    channels: list[grpc.aio.Channel]
+    session_ids: list[str]
+    payloads: Payloads
+
+    def checkpoints(self, i: int) -> checkpoint_pb2_grpc.CheckpointServiceStub:
+        return checkpoint_pb2_grpc.CheckpointServiceStub(self.channels[i % len(self.channels)])
+
+    def save_request(self, session: int) -> checkpoint_pb2.SaveStateRequest:
+        return checkpoint_pb2.SaveStateRequest(
+            session_id=self.session_ids[session],
+            data=self.payloads.next(session),
+            content_type=self.payloads.content_type,
+        )
+
+
+def unary_save(target: Target) -> Send:
+    stubs = [target.checkpoints(c) for c in range(len(target.channels))]
+    cfg = target.cfg
+
+    async def send(i: int) -> None:
+        request = target.save_request(i % cfg.sessions)
+        await stubs[i % len(stubs)].SaveState(request, timeout=cfg.timeout, metadata=cfg.metadata)
+
+    return send
+
+
+def unary_load(target: Target) -> Send:
+    stubs = [target.checkpoints(c) for c in range(len(target.channels))]
+    cfg = target.cfg
+
+    async def send(i: int) -> None:
+        request = checkpoint_pb2.LoadStateRequest(session_id=target.session_ids[i % cfg.sessions])
+        await stubs[i % len(stubs)].LoadState(request, timeout=cfg.timeout, metadata=cfg.metadata)
+
+    return send
+
+
+def stream_save(target: Target, lanes: list[StreamLane]) -> Send:
+    lanes += [StreamLane(target.checkpoints(c), target.cfg) for c in range(len(target.channels))]
+
+    async def send(i: int) -> None:
+        await lanes[i % len(lanes)].save(target.save_request(i % target.cfg.sessions))
+
+    return send
+
+
+# --------------------------------------------------------------------------
+# Setup, the two loops, RSS sampling
+# --------------------------------------------------------------------------
+
+
+async def setup(target: Target) -> None:
+    """Create the run's sessions; for --rpc load, give each one state to load."""
+    cfg = target.cfg
+    stub = session_pb2_grpc.SessionServiceStub(target.channels[0])
+    retention = session_pb2.RetentionPolicy(keep_last=cfg.keep_last) if cfg.keep_last else None
+    await asyncio.gather(*(
+        stub.CreateSession(session_pb2.CreateSessionRequest(session_id=s, retention=retention),
+                           timeout=cfg.timeout, metadata=cfg.metadata)
+        for s in target.session_ids
+    ))  # fmt: skip
+    if cfg.rpc == "load":
+        save = target.checkpoints(0).SaveState
+        await asyncio.gather(*(
+            save(target.save_request(s), timeout=cfg.timeout, metadata=cfg.metadata)
+            for s in range(cfg.sessions)
+        ))  # fmt: skip
+
+
+async def teardown(target: Target) -> None:
+    """Delete the run's sessions from a daemon that outlives the run."""
+    cfg = target.cfg
+    if cfg.spawn or cfg.keep_sessions:
+        return
+    stub = session_pb2_grpc.SessionServiceStub(target.channels[0])
+    results = await asyncio.gather(*(
+        stub.DeleteSession(session_pb2.DeleteSessionRequest(session_id=s),
+                           timeout=cfg.timeout, metadata=cfg.metadata)
+        for s in target.session_ids
+    ), return_exceptions=True)  # fmt: skip
+    failed = sum(isinstance(r, BaseException) for r in results)
+    if failed:
+        print(f"warning: {failed} of the run's sessions could not be deleted", file=sys.stderr)
+
+
+async def issue(send: Send, rec: Recorder, i: int, scheduled: float) -> None:
+    try:
+        await send(i)
+    except grpc.aio.AioRpcError as e:
+        rec.on_error(e.code().name)
+    except RequestFailed as e:
+        rec.on_error(e.code)
+    except TimeoutError:
+        rec.on_error("DEADLINE_EXCEEDED")
+    else:
+        rec.on_ok(scheduled)
+
+
+async def open_loop(cfg: Config, send: Send, rec: Recorder) -> None:
+    """Request i is due at t0 + i/rate, whether or not earlier ones have answered."""
+    total = int(cfg.rate * cfg.duration)
+    rec.scheduled = total
+    in_flight: set[asyncio.Task[None]] = set()
+    for i in range(total):
+        due = rec.t0 + i / cfg.rate
+        # Always yield, even when behind: completions must get to run, or a
+        # backlog would be dropped whole against a cap that never drains.
+        await asyncio.sleep(max(0.0, due - now()))
+        if len(in_flight) >= cfg.max_outstanding:
+            rec.dropped += 1
+            continue
+        rec.on_send(due)
+        task = asyncio.create_task(issue(send, rec, i, due))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    await asyncio.gather(*in_flight)
+
+
+async def closed_loop(cfg: Config, send: Send, rec: Recorder) -> None:
+    """Each worker sends its next request as soon as the previous one answered."""
+    deadline = rec.t0 + cfg.duration
+    counter = itertools.count()
+
+    async def worker() -> None:
+        while (started := now()) < deadline:
+            rec.on_send(started)
+            await issue(send, rec, next(counter), started)
+
+    await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+
+
+def read_rss(pid: int) -> int | None:
+    """VmRSS of a process in bytes (None once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+async def sample_rss(pid: int, rec: Recorder, out: list[tuple[float, int]]) -> None:
+    """One sample per second from the start of the load until cancelled."""
+    while True:
+        rss = read_rss(pid)
+        if rss is not None:
+            out.append((now() - rec.t0, rss))
+        await asyncio.sleep(1.0 - (now() - rec.t0) % 1.0)
+
+
+# --------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------
+
+
+def make_sender(target: Target, lanes: list[StreamLane]) -> Send:
+    if target.cfg.rpc == "load":
+        return unary_load(target)
+    if target.cfg.rpc == "saves-stream":
+        return stream_save(target, lanes)
+    return unary_save(target)
+
+
+async def run(cfg: Config, address: str, pid: int | None) -> tuple[Recorder, list[Any]]:
+    channels = [grpc.aio.insecure_channel(address, CHANNEL_OPTIONS) for _ in range(cfg.channels)]
+    run_id = secrets.token_hex(4)
+    session_ids = [f"load-{run_id}-{s}" for s in range(cfg.sessions)]
+    target = Target(cfg, channels, session_ids, Payloads(cfg.workload, cfg.size, cfg.sessions))
+    rec = Recorder()
+    rss: list[tuple[float, int]] = []
+    lanes: list[StreamLane] = []
+    try:
+        await setup(target)
+        send = make_sender(target, lanes)
+        rec.start()
+        sampler = asyncio.create_task(sample_rss(pid, rec, rss)) if pid else None
+        loop = open_loop if cfg.mode == "open" else closed_loop
+        await loop(cfg, send, rec)
+        await asyncio.gather(*(lane.close() for lane in lanes))
+        if sampler:
+            sampler.cancel()
+        await teardown(target)
+    finally:
+        await asyncio.gather(*(ch.close() for ch in channels))
+    return rec, rss
+
+
+@contextlib.contextmanager
+def daemon_under_test(cfg: Config) -> Iterator[tuple[str, int | None]]:
+    """(address, pid to sample RSS of or None): the given daemon or a spawned one."""
+    if cfg.address is not None:
+        yield cfg.address, cfg.rss_pid
+        return
+    with (
+        tempfile.TemporaryDirectory(prefix="stratad-load-") as tmp,
+        daemon_process(Path(tmp) / "data", *cfg.daemon_args) as (address, proc),
+    ):
+        yield address, proc.pid
+
+
+# --------------------------------------------------------------------------
+# The report: a dict (the JSON), tables, a plot, the docs section
+# --------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> float | None:
+    return None if math.isnan(seconds) else round(seconds * 1e3, 3)
+
+
+PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
+
+
+def latency_summary(hist: Histogram) -> dict[str, float | None]:
+    summary = {name: ms(hist.percentile(q)) for name, q in PERCENTILES}
+    summary["max"] = ms(hist.max) if hist.total else None
+    summary["mean"] = ms(hist.sum / hist.total) if hist.total else None
+    return summary
+
+
+def window_rows(rec: Recorder, duration: float) -> list[dict[str, Any]]:
+    """Per-second figures; "drain" windows come after the last send, answering stragglers."""
+    last = max(rec.windows, default=-1)
+    rows = []
+    for t in range(last + 1):
+        w = rec.windows.get(t, Window())
+        rows.append({"t": t, "drain": t >= duration, "completed": w.completed, "errors": w.errors,
+                     "p50_ms": ms(w.latency.percentile(0.5)),
+                     "p99_ms": ms(w.latency.percentile(0.99))})  # fmt: skip
+    return rows
+
+
+def rss_summary(samples: list[tuple[float, int]]) -> dict[str, Any] | None:
+    if not samples:
+        return None
+    after_1min = next((rss for t, rss in samples if t >= 60), None)
+    end = samples[-1][1]
+    return {
+        "samples": [{"t": round(t, 2), "bytes": rss} for t, rss in samples],
+        "start_bytes": samples[0][1],
+        "after_1min_bytes": after_1min,
+        "end_bytes": end,
+        "peak_bytes": max(rss for _, rss in samples),
+        "growth_after_1min_pct": (round((end / after_1min - 1) * 100, 1) if after_1min else None),
+        "flat": end <= FLAT_RSS_FACTOR * after_1min if after_1min else None,
+    }
+
+
+def config_json(cfg: Config) -> dict[str, Any]:
+    keys = ("mode", "rate", "concurrency", "duration", "size", "sessions", "tenant", "rpc",
+            "workload", "channels", "max_outstanding", "timeout", "keep_last")  # fmt: skip
+    out = {k: getattr(cfg, k) for k in keys}
+    out["address"] = cfg.address or "spawned"
+    out["daemon_args"] = list(cfg.daemon_args)
+    return out
+
+
+def build_report(cfg: Config, rec: Recorder, rss: list[tuple[float, int]]) -> dict[str, Any]:
+    elapsed = max(rec.end - rec.t0, 1e-9)
+    errors = sum(rec.errors.values())
+    return {
+        "config": config_json(cfg),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "elapsed_s": round(elapsed, 3),
+        "requests": {
+            "scheduled": rec.scheduled,
+            "sent": rec.sent,
+            "completed": rec.latency.total,
+            "errors": errors,
+            "dropped": rec.dropped,
+            "late": rec.late,
+            "max_send_lag_ms": ms(rec.max_lag),
+        },
+        "throughput_per_s": round(rec.latency.total / elapsed, 2),
+        "latency_ms": latency_summary(rec.latency),
+        "histogram": [{"le_ms": ms(le), "count": n} for le, n in rec.latency.buckets()],
+        "errors_by_code": dict(rec.errors.most_common()),
+        "windows": window_rows(rec, cfg.duration),
+        "rss": rss_summary(rss),
+    }
+
+
+def fmt_size(n: int) -> str:
+    """--size as given: 8192 is "8 KiB", not "8.19 KB"."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def load_shape(cfg: dict[str, Any]) -> str:
+    if cfg["mode"] == "open":
+        return f"open, {cfg['rate']:g}/s"
+    return f"closed, {cfg['concurrency']} workers"
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    cfg, req, lat = report["config"], report["requests"], report["latency_ms"]
+    headers = ["load", "rpc", "size", "s", "sent", "completed", "errors", "dropped", "late",
+               "req/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"]  # fmt: skip
+    row = [load_shape(cfg), cfg["rpc"], fmt_size(cfg["size"]), f"{report['elapsed_s']:.0f}",
+           str(req["sent"]), str(req["completed"]), str(req["errors"]), str(req["dropped"]),
+           str(req["late"]), f"{report['throughput_per_s']:.0f}",
+           *(fmt_ms(lat[k]) for k in ("p50", "p90", "p99", "p99.9", "max"))]  # fmt: skip
+    return markdown_table(headers, [row])
+
+
+def errors_table(report: dict[str, Any]) -> str:
+    rows = [[code, str(n)] for code, n in report["errors_by_code"].items()]
+    return markdown_table(["status", "count"], rows) if rows else "Errors: none."
+
+
+def histogram_table(report: dict[str, Any]) -> str:
+    """The log buckets folded into 1-2-5 steps: readable, still log-scaled."""
+    bounds = [m * 10.0**e for e in range(-2, 6) for m in (1, 2, 5)]
+    total = report["requests"]["completed"] or 1
+    rows, seen, i = [], 0, 0
+    buckets = report["histogram"]
+    for bound in bounds:
+        count = 0
+        while i < len(buckets) and buckets[i]["le_ms"] <= bound:
+            count += buckets[i]["count"]
+            i += 1
+        seen += count
+        if count:
+            rows.append([f"<= {bound:g}", str(count), f"{seen / total:.2%}"])
+        if i == len(buckets):
+            break
+    return markdown_table(["latency ms", "count", "cumulative"], rows)
+
+
+def time_row(label: str, group: list[dict[str, Any]]) -> list[str]:
+    rates = [w["completed"] for w in group]
+    worst_p99 = max((w["p99_ms"] for w in group if w["p99_ms"] is not None), default=None)
+    errors = sum(w["errors"] for w in group)
+    mean = sum(rates) / len(rates)
+    return [label, f"{mean:.0f}", str(min(rates)), str(max(rates)), str(errors), fmt_ms(worst_p99)]
+
+
+def time_table(report: dict[str, Any], max_rows: int = 20) -> str:
+    """Throughput per 1-second window, folded into at most max_rows rows, then the drain."""
+    loaded = [w for w in report["windows"] if not w["drain"]]
+    step = max(1, math.ceil(len(loaded) / max_rows))
+    rows = []
+    for start in range(0, len(loaded), step):
+        group = loaded[start : start + step]
+        rows.append(time_row(f"{group[0]['t']}-{group[-1]['t'] + 1}", group))
+    # After the last send only answers to earlier requests arrive: not a rate.
+    drain = [w for w in report["windows"] if w["drain"]]
+    if drain:
+        rows.append(time_row(f"{drain[0]['t']}-{drain[-1]['t'] + 1} (drain)", drain))
+    headers = ["seconds", "req/s (mean)", "min/s", "max/s", "errors", "worst 1-s p99 ms"]
+    return markdown_table(headers, rows)
+
+
+def rss_table(rss: dict[str, Any]) -> str:
+    def mb(n: int | None) -> str:
+        return "-" if n is None else fmt_bytes(n)
+
+    growth = rss["growth_after_1min_pct"]
+    row = [mb(rss["start_bytes"]), mb(rss["after_1min_bytes"]), mb(rss["end_bytes"]),
+           mb(rss["peak_bytes"]), "-" if growth is None else f"{growth:+.1f}%"]  # fmt: skip
+    headers = ["start", "after 1 min", "end", "peak", "end vs 1 min"]
+    return markdown_table(headers, [row])
+
+
+def rss_verdict(rss: dict[str, Any]) -> str:
+    if rss["flat"] is None:
+        return "The run was shorter than a minute: too short to judge whether RSS stays flat."
+    limit = f"{(FLAT_RSS_FACTOR - 1):.0%}"
+    if rss["flat"]:
+        return f"RSS stayed flat: the end is within {limit} of the figure after the first minute."
+    return f"RSS did NOT stay flat: it grew more than {limit} after the first minute."
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(summary_table(report), "", errors_table(report), "", histogram_table(report), "",
+          time_table(report), sep="\n")  # fmt: skip
+    if report["rss"]:
+        print("\nDaemon RSS (VmRSS, sampled every second):\n")
+        print(rss_table(report["rss"]))
+        print(rss_verdict(report["rss"]))
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Throughput and p50/p99 per second (and RSS when sampled), 900x500 px."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    windows, rss, cfg = report["windows"], report["rss"], report["config"]
+    t = [w["t"] + 0.5 for w in windows]  # a window's midpoint
+    fig, axes = plt.subplots(3 if rss else 2, 1, figsize=(9, 5), dpi=100, sharex=True)
+    axes[0].plot(t, [w["completed"] for w in windows], lw=1, label="completed/s")
+    if report["requests"]["errors"]:
+        axes[0].plot(t, [w["errors"] for w in windows], lw=1, color="red", label="errors/s")
+    axes[0].set_ylabel("req/s")
+    axes[0].set_ylim(bottom=0)
+    axes[0].legend(loc="lower right", fontsize=8)
+    nan = float("nan")
+    for key, label in (("p50_ms", "p50"), ("p99_ms", "p99")):
+        axes[1].plot(t, [w[key] if w[key] is not None else nan for w in windows], lw=1, label=label)
+    axes[1].set_yscale("log")
+    # 1-2-5 ticks in plain numbers: log scale keeps p50 readable beside p99 spikes.
+    axes[1].yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axes[1].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axes[1].set_ylabel("latency ms")
+    axes[1].legend(loc="upper right", fontsize=8)
+    if rss:
+        samples = rss["samples"]
+        axes[2].plot([s["t"] for s in samples], [s["bytes"] / 1e6 for s in samples], lw=1)
+        axes[2].set_ylabel("daemon RSS MB")
+        axes[2].set_ylim(bottom=0)
+    for ax in axes:  # after this line only answers to earlier requests arrive
+        ax.axvline(cfg["duration"], color="grey", lw=0.8, ls=":")
+    axes[-1].set_xlabel("seconds")
+    fig.suptitle(f"stratad {cfg['rpc']}, {load_shape(cfg)}, {fmt_size(cfg['size'])} states",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def describe(cfg: Config) -> str:
+    rpc = {"save": "unary SaveState", "saves-stream": "SaveStates streams, one per channel",
+           "load": "LoadState"}[cfg.rpc]  # fmt: skip
+    what = ("random bytes (nothing dedups)" if cfg.workload == "random"
+            else "steps of the growing conversation (docs/design.md)")  # fmt: skip
+    if cfg.mode == "closed":
+        shape = f"closed loop: {cfg.concurrency} workers each send the next request when the last answers"  # noqa: E501
+    else:
+        shape = f"open loop: {cfg.rate:g} requests/s on a fixed schedule, latency from the schedule"
+    daemon = "a daemon the harness spawned (fresh data directory" + (
+        f", `{' '.join(cfg.daemon_args)}`)" if cfg.daemon_args else ", default config: fsync)"
+    )
+    return (
+        f"{shape}; {rpc} of {fmt_size(cfg.size)} {what} over {cfg.sessions} sessions and "
+        f"{cfg.channels} channels, against {daemon if cfg.spawn else 'a running daemon'}. "
+        "Client and daemon share the machine's two cores."
+    )
+
+
+def doc_section(cfg: Config, report: dict[str, Any], argv: Sequence[str]) -> str:
+    lines = [
+        HEADING, "",
+        f"Command: `python bench/load.py {shlex.join(argv)}`. Measured {machine_facts()}.",
+        describe(cfg), "How to load-test any daemon: [load-testing.md](load-testing.md).", "",
+        summary_table(report), "", errors_table(report), "",
+    ]  # fmt: skip
+    if report["rss"]:
+        lines += ["Daemon RSS (VmRSS, sampled every second):", "", rss_table(report["rss"]), "",
+                  rss_verdict(report["rss"]), ""]  # fmt: skip
+    if cfg.plot_path:
+        rel = os.path.relpath(cfg.plot_path.resolve(), DOC.parent.resolve())
+        lines += [f"![throughput, p50/p99 and daemon RSS per second]({rel})", ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cfg = parse_args(argv)
+    with daemon_under_test(cfg) as (address, pid):
+        try:
+            rec, rss = asyncio.run(run(cfg, address, pid))
+        except grpc.aio.AioRpcError as e:
+            print(f"error: {address}: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    report = build_report(cfg, rec, rss)
+    print_report(report)
+    if cfg.json_path:
+        cfg.json_path.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {cfg.json_path}")
+    if cfg.plot_path:
+        plot(report, cfg.plot_path)
+        print(f"wrote {cfg.plot_path}")
+    if cfg.doc:
+        write_section(HEADING, doc_section(cfg, report, argv))
+        print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
