@@ -70,6 +70,7 @@ CONVERSATION_STEPS = 32
 # RSS counts as flat when the last sample is within this factor of the sample
 # taken after the first minute (the first minute is warm-up: caches, allocator).
 FLAT_RSS_FACTOR = 1.10
+PROGRESS_EVERY = 10  # seconds between progress lines on stderr
 CHANNEL_OPTIONS = [
     # Each channel its own TCP connection: by default gRPC shares one subchannel
     # among channels with equal arguments, and "several channels" would be one.
@@ -515,13 +516,28 @@ def read_rss(pid: int) -> int | None:
     return None
 
 
-async def sample_rss(pid: int, rec: Recorder, out: list[tuple[float, int]]) -> None:
-    """One sample per second from the start of the load until cancelled."""
+def progress_line(rec: Recorder, t: int, rss: list[tuple[float, int]]) -> str:
+    recent = [rec.windows.get(w, Window()) for w in range(t - PROGRESS_EVERY, t)]
+    latency = Histogram()
+    for w in recent:
+        latency.merge(w.latency)
+    rate = sum(w.completed for w in recent) / PROGRESS_EVERY
+    line = f"{t:>5} s: {rate:.0f} req/s, p99 {fmt_ms(ms(latency.percentile(0.99)))} ms"
+    line += f", {sum(rec.errors.values())} errors, {rec.dropped} dropped"
+    return line + (f", daemon RSS {fmt_bytes(rss[-1][1])}" if rss else "")
+
+
+async def monitor(rec: Recorder, pid: int | None, rss: list[tuple[float, int]]) -> None:
+    """Every second from the start of the load: the daemon's RSS; every 10 s a progress line."""
+    tick = 0
     while True:
-        rss = read_rss(pid)
-        if rss is not None:
-            out.append((now() - rec.t0, rss))
-        await asyncio.sleep(1.0 - (now() - rec.t0) % 1.0)
+        if pid and (sample := read_rss(pid)) is not None:
+            rss.append((now() - rec.t0, sample))
+        if tick and tick % PROGRESS_EVERY == 0:
+            # stderr: a long run shows it is alive without mixing into the tables.
+            print(progress_line(rec, tick, rss), file=sys.stderr, flush=True)
+        tick += 1
+        await asyncio.sleep(max(0.0, rec.t0 + tick - now()))
 
 
 # --------------------------------------------------------------------------
@@ -549,12 +565,11 @@ async def run(cfg: Config, address: str, pid: int | None) -> tuple[Recorder, lis
         await setup(target)
         send = make_sender(target, lanes)
         rec.start()
-        sampler = asyncio.create_task(sample_rss(pid, rec, rss)) if pid else None
+        monitoring = asyncio.create_task(monitor(rec, pid, rss))
         loop = open_loop if cfg.mode == "open" else closed_loop
         await loop(cfg, send, rec)
         await asyncio.gather(*(lane.close() for lane in lanes))
-        if sampler:
-            sampler.cancel()
+        monitoring.cancel()
         await teardown(target)
     finally:
         await asyncio.gather(*(ch.close() for ch in channels))
