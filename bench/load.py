@@ -59,6 +59,13 @@ from stratad.api.v1 import (
 )
 
 HEADING = "## Load soak (bench/load.py)"
+
+
+def heading(label: str) -> str:
+    """The docs/benchmarks.md section of a --doc run: the soak, or a labelled variant."""
+    return HEADING if not label else f"## Load soak, {label} (bench/load.py)"
+
+
 TENANT_HEADER = "x-stratad-tenant"
 # A send that leaves this long after its scheduled time means the client itself
 # fell behind (CPU, event loop): reported as "late", its latency still counted
@@ -112,7 +119,7 @@ class Config:
     daemon_args: tuple[str, ...]
     json_path: Path | None
     plot_path: Path | None
-    doc: bool
+    doc: str | None  # None: no doc; "" the soak section; else a label for another one
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -151,8 +158,9 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                         "--daemon-arg=--durability=interval (repeatable)")  # fmt: skip
     p.add_argument("--json", type=Path, help="write the full report as JSON")
     p.add_argument("--plot", type=Path, help="write a PNG: throughput, p50/p99 (and RSS)")
-    p.add_argument("--doc", action="store_true",
-                   help=f"rewrite '{HEADING[3:]}' in docs/benchmarks.md")  # fmt: skip
+    p.add_argument("--doc", nargs="?", const="", metavar="LABEL",
+                   help=f"rewrite '{HEADING[3:]}' in docs/benchmarks.md; with LABEL, "
+                        "a section 'Load soak, LABEL' of its own")  # fmt: skip
     a = p.parse_args(argv)
     if min(a.rate, a.duration, a.concurrency, a.sessions, a.channels, a.max_outstanding) <= 0:
         p.error("--rate, --duration, --concurrency, --sessions, --channels, --max-outstanding > 0")
@@ -505,18 +513,27 @@ async def closed_loop(cfg: Config, send: Send, rec: Recorder) -> None:
     await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
 
 
-def read_rss(pid: int) -> int | None:
-    """VmRSS of a process in bytes (None once it is gone)."""
+RssSample = tuple[float, int, int]  # seconds since the start, VmRSS, RssAnon (bytes)
+
+
+def read_rss(pid: int) -> tuple[int, int] | None:
+    """(VmRSS, RssAnon) of a process in bytes; None once it is gone.
+
+    RssAnon is the heap alone: VmRSS also counts mapped files and libraries,
+    so the two tell memory the daemon holds from pages it merely touched.
+    """
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
-        pass
-    return None
+        return None
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    try:
+        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["RssAnon"].split()[0]) * 1024
+    except (KeyError, ValueError, IndexError):
+        return None
 
 
-def progress_line(rec: Recorder, t: int, rss: list[tuple[float, int]]) -> str:
+def progress_line(rec: Recorder, t: int, rss: list[RssSample]) -> str:
     recent = [rec.windows.get(w, Window()) for w in range(t - PROGRESS_EVERY, t)]
     latency = Histogram()
     for w in recent:
@@ -527,12 +544,12 @@ def progress_line(rec: Recorder, t: int, rss: list[tuple[float, int]]) -> str:
     return line + (f", daemon RSS {fmt_bytes(rss[-1][1])}" if rss else "")
 
 
-async def monitor(rec: Recorder, pid: int | None, rss: list[tuple[float, int]]) -> None:
+async def monitor(rec: Recorder, pid: int | None, rss: list[RssSample]) -> None:
     """Every second from the start of the load: the daemon's RSS; every 10 s a progress line."""
     tick = 0
     while True:
         if pid and (sample := read_rss(pid)) is not None:
-            rss.append((now() - rec.t0, sample))
+            rss.append((now() - rec.t0, *sample))
         if tick and tick % PROGRESS_EVERY == 0:
             # stderr: a long run shows it is alive without mixing into the tables.
             print(progress_line(rec, tick, rss), file=sys.stderr, flush=True)
@@ -553,13 +570,13 @@ def make_sender(target: Target, lanes: list[StreamLane]) -> Send:
     return unary_save(target)
 
 
-async def run(cfg: Config, address: str, pid: int | None) -> tuple[Recorder, list[Any]]:
+async def run(cfg: Config, address: str, pid: int | None) -> tuple[Recorder, list[RssSample]]:
     channels = [grpc.aio.insecure_channel(address, CHANNEL_OPTIONS) for _ in range(cfg.channels)]
     run_id = secrets.token_hex(4)
     session_ids = [f"load-{run_id}-{s}" for s in range(cfg.sessions)]
     target = Target(cfg, channels, session_ids, Payloads(cfg.workload, cfg.size, cfg.sessions))
     rec = Recorder()
-    rss: list[tuple[float, int]] = []
+    rss: list[RssSample] = []
     lanes: list[StreamLane] = []
     try:
         await setup(target)
@@ -620,18 +637,26 @@ def window_rows(rec: Recorder, duration: float) -> list[dict[str, Any]]:
     return rows
 
 
-def rss_summary(samples: list[tuple[float, int]]) -> dict[str, Any] | None:
+def rss_summary(samples: list[RssSample], rec: Recorder) -> dict[str, Any] | None:
     if not samples:
         return None
-    after_1min = next((rss for t, rss in samples if t >= 60), None)
+    after_1min = next((rss for t, rss, _ in samples if t >= 60), None)
     end = samples[-1][1]
+    # Growth per acknowledged save tells an index that grows with the stored
+    # data (about constant bytes per save) from a leak (per request, any RPC).
+    saves_after_1min = sum(w.completed for t, w in rec.windows.items() if t >= 60)
+    per_save = (end - after_1min) / saves_after_1min if after_1min and saves_after_1min else None
     return {
-        "samples": [{"t": round(t, 2), "bytes": rss} for t, rss in samples],
+        "samples": [
+            {"t": round(t, 2), "bytes": rss, "anon_bytes": anon} for t, rss, anon in samples
+        ],
         "start_bytes": samples[0][1],
         "after_1min_bytes": after_1min,
         "end_bytes": end,
-        "peak_bytes": max(rss for _, rss in samples),
+        "end_anon_bytes": samples[-1][2],
+        "peak_bytes": max(rss for _, rss, _ in samples),
         "growth_after_1min_pct": (round((end / after_1min - 1) * 100, 1) if after_1min else None),
+        "growth_per_request_after_1min_bytes": None if per_save is None else round(per_save),
         "flat": end <= FLAT_RSS_FACTOR * after_1min if after_1min else None,
     }
 
@@ -645,7 +670,7 @@ def config_json(cfg: Config) -> dict[str, Any]:
     return out
 
 
-def build_report(cfg: Config, rec: Recorder, rss: list[tuple[float, int]]) -> dict[str, Any]:
+def build_report(cfg: Config, rec: Recorder, rss: list[RssSample]) -> dict[str, Any]:
     elapsed = max(rec.end - rec.t0, 1e-9)
     errors = sum(rec.errors.values())
     return {
@@ -666,7 +691,7 @@ def build_report(cfg: Config, rec: Recorder, rss: list[tuple[float, int]]) -> di
         "histogram": [{"le_ms": ms(le), "count": n} for le, n in rec.latency.buckets()],
         "errors_by_code": dict(rec.errors.most_common()),
         "windows": window_rows(rec, cfg.duration),
-        "rss": rss_summary(rss),
+        "rss": rss_summary(rss, rec),
     }
 
 
@@ -751,10 +776,13 @@ def rss_table(rss: dict[str, Any]) -> str:
     def mb(n: int | None) -> str:
         return "-" if n is None else fmt_bytes(n)
 
-    growth = rss["growth_after_1min_pct"]
+    growth, per_request = rss["growth_after_1min_pct"], rss["growth_per_request_after_1min_bytes"]
     row = [mb(rss["start_bytes"]), mb(rss["after_1min_bytes"]), mb(rss["end_bytes"]),
-           mb(rss["peak_bytes"]), "-" if growth is None else f"{growth:+.1f}%"]  # fmt: skip
-    headers = ["start", "after 1 min", "end", "peak", "end vs 1 min"]
+           mb(rss["end_anon_bytes"]), mb(rss["peak_bytes"]),
+           "-" if growth is None else f"{growth:+.1f}%",
+           "-" if per_request is None else f"{per_request} B"]  # fmt: skip
+    headers = ["start", "after 1 min", "end", "end (anon)", "peak", "end vs 1 min",
+               "growth per request after 1 min"]  # fmt: skip
     return markdown_table(headers, [row])
 
 
@@ -764,7 +792,11 @@ def rss_verdict(rss: dict[str, Any]) -> str:
     limit = f"{(FLAT_RSS_FACTOR - 1):.0%}"
     if rss["flat"]:
         return f"RSS stayed flat: the end is within {limit} of the figure after the first minute."
-    return f"RSS did NOT stay flat: it grew more than {limit} after the first minute."
+    per_request = rss["growth_per_request_after_1min_bytes"]
+    return (
+        f"RSS did NOT stay flat: it grew more than {limit} after the first minute, "
+        f"about {per_request} bytes per completed request."
+    )
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -804,7 +836,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
     axes[1].legend(loc="upper right", fontsize=8)
     if rss:
         samples = rss["samples"]
-        axes[2].plot([s["t"] for s in samples], [s["bytes"] / 1e6 for s in samples], lw=1)
+        t_rss = [s["t"] for s in samples]
+        axes[2].plot(t_rss, [s["bytes"] / 1e6 for s in samples], lw=1, label="VmRSS")
+        axes[2].plot(t_rss, [s["anon_bytes"] / 1e6 for s in samples], lw=1, ls="--", label="anon")
+        axes[2].legend(loc="lower right", fontsize=8)
         axes[2].set_ylabel("daemon RSS MB")
         axes[2].set_ylim(bottom=0)
     for ax in axes:  # after this line only answers to earlier requests arrive
@@ -818,27 +853,32 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def describe(cfg: Config) -> str:
-    rpc = {"save": "unary SaveState", "saves-stream": "SaveStates streams, one per channel",
+    """The run in words, for the docs section."""
+    if cfg.mode == "closed":
+        shape = f"Closed loop: {cfg.concurrency} workers, each sending its next request "
+        shape += "when the previous one answered."
+    else:
+        shape = f"Open loop: {cfg.rate:g} requests/s on a fixed schedule, "
+        shape += "latency from the schedule."
+    rpc = {"save": "Unary SaveState", "saves-stream": "SaveStates (one stream per channel)",
            "load": "LoadState"}[cfg.rpc]  # fmt: skip
     what = ("random bytes (nothing dedups)" if cfg.workload == "random"
-            else "steps of the growing conversation (docs/design.md)")  # fmt: skip
-    if cfg.mode == "closed":
-        shape = f"closed loop: {cfg.concurrency} workers each send the next request when the last answers"  # noqa: E501
-    else:
-        shape = f"open loop: {cfg.rate:g} requests/s on a fixed schedule, latency from the schedule"
-    daemon = "a daemon the harness spawned (fresh data directory" + (
-        f", `{' '.join(cfg.daemon_args)}`)" if cfg.daemon_args else ", default config: fsync)"
-    )
+            else "the growing conversation (32 steps per session, repeated)")  # fmt: skip
+    kept = (f"the sessions keep their last {cfg.keep_last} checkpoints" if cfg.keep_last
+            else "the sessions keep every checkpoint (no retention), so the stored data grows "
+                 "with every save")  # fmt: skip
+    config = f"`{' '.join(cfg.daemon_args)}`" if cfg.daemon_args else "durability fsync"
+    daemon = (f"The daemon was spawned by the harness (fresh data directory, {config}); "
+              if cfg.spawn else "Against a running daemon; ")  # fmt: skip
     return (
-        f"{shape}; {rpc} of {fmt_size(cfg.size)} {what} over {cfg.sessions} sessions and "
-        f"{cfg.channels} channels, against {daemon if cfg.spawn else 'a running daemon'}. "
-        "Client and daemon share the machine's two cores."
+        f"{shape} {rpc} of {fmt_size(cfg.size)} of {what} to {cfg.sessions} sessions over "
+        f"{cfg.channels} channels; {kept}. {daemon}client and daemon share the machine's cores."
     )
 
 
 def doc_section(cfg: Config, report: dict[str, Any], argv: Sequence[str]) -> str:
     lines = [
-        HEADING, "",
+        heading(cfg.doc or ""), "",
         f"Command: `python bench/load.py {shlex.join(argv)}`. Measured {machine_facts()}.",
         describe(cfg), "How to load-test any daemon: [load-testing.md](load-testing.md).", "",
         summary_table(report), "", errors_table(report), "",
@@ -852,6 +892,19 @@ def doc_section(cfg: Config, report: dict[str, Any], argv: Sequence[str]) -> str
     return "\n".join(lines)
 
 
+def emit(cfg: Config, report: dict[str, Any], argv: Sequence[str]) -> None:
+    print_report(report)
+    if cfg.json_path:
+        cfg.json_path.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {cfg.json_path}")
+    if cfg.plot_path:
+        plot(report, cfg.plot_path)
+        print(f"wrote {cfg.plot_path}")
+    if cfg.doc is not None:
+        write_section(heading(cfg.doc), doc_section(cfg, report, argv))
+        print(f"wrote {DOC}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_args(argv)
@@ -861,17 +914,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except grpc.aio.AioRpcError as e:
             print(f"error: {address}: {e.code().name}: {e.details()}", file=sys.stderr)
             return 1
-    report = build_report(cfg, rec, rss)
-    print_report(report)
-    if cfg.json_path:
-        cfg.json_path.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {cfg.json_path}")
-    if cfg.plot_path:
-        plot(report, cfg.plot_path)
-        print(f"wrote {cfg.plot_path}")
-    if cfg.doc:
-        write_section(HEADING, doc_section(cfg, report, argv))
-        print(f"wrote {DOC}")
+        # Report before leaving: removing a spawned daemon's data directory
+        # after a soak (hundreds of thousands of files) takes minutes.
+        emit(cfg, build_report(cfg, rec, rss), argv)
     return 0
 
 
