@@ -34,6 +34,7 @@ import os
 import random
 import secrets
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -249,9 +250,22 @@ class Recorder:
         self.scheduled: int | None = None
         self.sent = self.dropped = self.late = 0
         self.max_lag = 0.0
+        # Seconds of sending: --duration, or less when a signal stopped the run.
+        self.load_seconds = math.inf
+        self.stop = asyncio.Event()
+        self.cpu: dict[str, float | None] = {}
 
-    def start(self) -> None:
+    def start(self, duration: float) -> None:
         self.t0 = self.end = now()
+        self.load_seconds = duration
+
+    def interrupt(self) -> None:
+        """SIGINT/SIGTERM: stop sending, answer what is in flight, report; twice: abort."""
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+        self.load_seconds = min(self.load_seconds, now() - self.t0)
+        self.stop.set()
+        print("stopping: waiting for requests in flight, then reporting", file=sys.stderr)
 
     def _window(self, t: float) -> Window:
         self.end = max(self.end, t)
@@ -490,6 +504,8 @@ async def open_loop(cfg: Config, send: Send, rec: Recorder) -> None:
         # Always yield, even when behind: completions must get to run, or a
         # backlog would be dropped whole against a cap that never drains.
         await asyncio.sleep(max(0.0, due - now()))
+        if rec.stop.is_set():
+            break
         if len(in_flight) >= cfg.max_outstanding:
             rec.dropped += 1
             continue
@@ -506,11 +522,35 @@ async def closed_loop(cfg: Config, send: Send, rec: Recorder) -> None:
     counter = itertools.count()
 
     async def worker() -> None:
-        while (started := now()) < deadline:
+        while (started := now()) < deadline and not rec.stop.is_set():
             rec.on_send(started)
             await issue(send, rec, next(counter), started)
 
     await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds a process has used so far (None if unknown)."""
+    if pid is None:
+        return None
+    try:
+        # Fields after the ")" that ends the command name start at stat(5)'s
+        # field 3, so utime (14) and stime (15) are the 12th and 13th.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(
+    before: tuple[float | None, float], after: tuple[float | None, float], rec: Recorder
+) -> dict[str, float | None]:
+    """CPU used during the load, in % of one core: is the daemon or this client the limit?"""
+    seconds = max(now() - rec.t0, 1e-9)
+    daemon = None
+    if before[0] is not None and after[0] is not None:
+        daemon = round((after[0] - before[0]) / seconds * 100, 1)
+    return {"daemon_pct": daemon, "client_pct": round((after[1] - before[1]) / seconds * 100, 1)}
 
 
 RssSample = tuple[float, int, int]  # seconds since the start, VmRSS, RssAnon (bytes)
@@ -581,10 +621,14 @@ async def run(cfg: Config, address: str, pid: int | None) -> tuple[Recorder, lis
     try:
         await setup(target)
         send = make_sender(target, lanes)
-        rec.start()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, rec.interrupt)
+        rec.start(cfg.duration)
+        cpu_before = cpu_seconds(pid), time.process_time()
         monitoring = asyncio.create_task(monitor(rec, pid, rss))
         loop = open_loop if cfg.mode == "open" else closed_loop
         await loop(cfg, send, rec)
+        rec.cpu = cpu_share(cpu_before, (cpu_seconds(pid), time.process_time()), rec)
         await asyncio.gather(*(lane.close() for lane in lanes))
         monitoring.cancel()
         await teardown(target)
@@ -625,15 +669,16 @@ def latency_summary(hist: Histogram) -> dict[str, float | None]:
     return summary
 
 
-def window_rows(rec: Recorder, duration: float) -> list[dict[str, Any]]:
+def window_rows(rec: Recorder) -> list[dict[str, Any]]:
     """Per-second figures; "drain" windows come after the last send, answering stragglers."""
     last = max(rec.windows, default=-1)
     rows = []
     for t in range(last + 1):
         w = rec.windows.get(t, Window())
-        rows.append({"t": t, "drain": t >= duration, "completed": w.completed, "errors": w.errors,
-                     "p50_ms": ms(w.latency.percentile(0.5)),
-                     "p99_ms": ms(w.latency.percentile(0.99))})  # fmt: skip
+        rows.append({
+            "t": t, "drain": t >= rec.load_seconds, "completed": w.completed, "errors": w.errors,
+            "p50_ms": ms(w.latency.percentile(0.5)), "p99_ms": ms(w.latency.percentile(0.99)),
+        })  # fmt: skip
     return rows
 
 
@@ -690,8 +735,11 @@ def build_report(cfg: Config, rec: Recorder, rss: list[RssSample]) -> dict[str, 
         "latency_ms": latency_summary(rec.latency),
         "histogram": [{"le_ms": ms(le), "count": n} for le, n in rec.latency.buckets()],
         "errors_by_code": dict(rec.errors.most_common()),
-        "windows": window_rows(rec, cfg.duration),
+        "windows": window_rows(rec),
         "rss": rss_summary(rss, rec),
+        "interrupted": rec.load_seconds < cfg.duration,
+        "cpu_pct_of_one_core": rec.cpu,
+        "host": {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]},
     }
 
 
@@ -799,9 +847,22 @@ def rss_verdict(rss: dict[str, Any]) -> str:
     )
 
 
+def machine_line(report: dict[str, Any]) -> str:
+    """CPU of both sides and the host's load: on a shared machine, who was busy?"""
+    cpu, host = report["cpu_pct_of_one_core"], report["host"]
+    daemon = "" if cpu.get("daemon_pct") is None else f"daemon {cpu['daemon_pct']:.0f}%, "
+    load = "/".join(f"{x:g}" for x in host["loadavg"])
+    return (
+        f"CPU during the load, in % of one core: {daemon}this harness {cpu['client_pct']:.0f}%. "
+        f"Load average (1/5/15 min) at the end: {load} on {host['cpus']} CPUs."
+    )
+
+
 def print_report(report: dict[str, Any]) -> None:
-    print(summary_table(report), "", errors_table(report), "", histogram_table(report), "",
-          time_table(report), sep="\n")  # fmt: skip
+    if report["interrupted"]:
+        print("Interrupted: the figures cover the run until the signal.\n")
+    print(summary_table(report), "", machine_line(report), "", errors_table(report), "",
+          histogram_table(report), "", time_table(report), sep="\n")  # fmt: skip
     if report["rss"]:
         print("\nDaemon RSS (VmRSS, sampled every second):\n")
         print(rss_table(report["rss"]))
@@ -881,7 +942,9 @@ def doc_section(cfg: Config, report: dict[str, Any], argv: Sequence[str]) -> str
         heading(cfg.doc or ""), "",
         f"Command: `python bench/load.py {shlex.join(argv)}`. Measured {machine_facts()}.",
         describe(cfg), "How to load-test any daemon: [load-testing.md](load-testing.md).", "",
-        summary_table(report), "", errors_table(report), "",
+        *(["Interrupted: the figures cover the run until the signal.", ""]
+          if report["interrupted"] else []),
+        summary_table(report), "", machine_line(report), "", errors_table(report), "",
     ]  # fmt: skip
     if report["rss"]:
         lines += ["Daemon RSS (VmRSS, sampled every second):", "", rss_table(report["rss"]), "",
@@ -905,15 +968,22 @@ def emit(cfg: Config, report: dict[str, Any], argv: Sequence[str]) -> None:
         print(f"wrote {DOC}")
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM outside the load exits through the `with` blocks: no orphaned daemon."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_args(argv)
+    exit_on_sigterm()
     with daemon_under_test(cfg) as (address, pid):
         try:
             rec, rss = asyncio.run(run(cfg, address, pid))
         except grpc.aio.AioRpcError as e:
             print(f"error: {address}: {e.code().name}: {e.details()}", file=sys.stderr)
             return 1
+        exit_on_sigterm()  # the event loop's handler left SIG_DFL behind
         # Report before leaving: removing a spawned daemon's data directory
         # after a soak (hundreds of thousands of files) takes minutes.
         emit(cfg, build_report(cfg, rec, rss), argv)

@@ -15,7 +15,7 @@ from pathlib import Path
 LOAD = Path(__file__).resolve().parents[2] / "bench" / "load.py"
 TOP_KEYS = {
     "config", "finished_at", "elapsed_s", "requests", "throughput_per_s", "latency_ms",
-    "histogram", "errors_by_code", "windows", "rss",
+    "histogram", "errors_by_code", "windows", "rss", "interrupted", "cpu_pct_of_one_core", "host",
 }  # fmt: skip
 REQUEST_KEYS = {"scheduled", "sent", "completed", "errors", "dropped", "late", "max_send_lag_ms"}
 LATENCY_KEYS = {"p50", "p90", "p99", "p99.9", "max", "mean"}
@@ -38,6 +38,7 @@ def test_spawned_open_loop_run_reports_json(tmp_path: Path, stratad_env: dict[st
     assert report.keys() >= TOP_KEYS
     assert report["requests"].keys() >= REQUEST_KEYS
     assert report["latency_ms"].keys() >= LATENCY_KEYS
+    assert report["interrupted"] is False
     assert report["requests"]["completed"] > 0
     assert report["requests"]["errors"] == 0
     assert report["errors_by_code"] == {}
