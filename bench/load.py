@@ -60,13 +60,6 @@ from stratad.api.v1 import (
 )
 
 HEADING = "## Load soak (bench/load.py)"
-
-
-def heading(label: str) -> str:
-    """The docs/benchmarks.md section of a --doc run: the soak, or a labelled variant."""
-    return HEADING if not label else f"## Load soak, {label} (bench/load.py)"
-
-
 TENANT_HEADER = "x-stratad-tenant"
 # A send that leaves this long after its scheduled time means the client itself
 # fell behind (CPU, event loop): reported as "late", its latency still counted
@@ -91,6 +84,11 @@ CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 def now() -> float:
     return time.perf_counter()
+
+
+def heading(label: str) -> str:
+    """The docs/benchmarks.md section of a --doc run: the soak, or a labelled variant."""
+    return HEADING if not label else f"## Load soak, {label} (bench/load.py)"
 
 
 # --------------------------------------------------------------------------
@@ -127,7 +125,7 @@ class Config:
         return ((TENANT_HEADER, self.tenant),) if self.tenant else ()
 
 
-def parse_args(argv: Sequence[str] | None) -> Config:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     target = p.add_mutually_exclusive_group()
     target.add_argument("--address", help="HOST:PORT of a running daemon")
@@ -162,6 +160,11 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument("--doc", nargs="?", const="", metavar="LABEL",
                    help=f"rewrite '{HEADING[3:]}' in docs/benchmarks.md; with LABEL, "
                         "a section 'Load soak, LABEL' of its own")  # fmt: skip
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> Config:
+    p = build_parser()
     a = p.parse_args(argv)
     if min(a.rate, a.duration, a.concurrency, a.sessions, a.channels, a.max_outstanding) <= 0:
         p.error("--rate, --duration, --concurrency, --sessions, --channels, --max-outstanding > 0")
@@ -721,6 +724,7 @@ def build_report(cfg: Config, rec: Recorder, rss: list[RssSample]) -> dict[str, 
     return {
         "config": config_json(cfg),
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "load_s": round(rec.load_seconds, 3),
         "elapsed_s": round(elapsed, 3),
         "requests": {
             "scheduled": rec.scheduled,
@@ -869,45 +873,58 @@ def print_report(report: dict[str, Any]) -> None:
         print(rss_verdict(report["rss"]))
 
 
+def _plot_throughput(ax: Any, t: list[float], report: dict[str, Any]) -> None:
+    windows = report["windows"]
+    ax.plot(t, [w["completed"] for w in windows], lw=1, label="completed/s")
+    if report["requests"]["errors"]:
+        ax.plot(t, [w["errors"] for w in windows], lw=1, color="red", label="errors/s")
+    ax.set_ylabel("req/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right", fontsize=8)
+
+
+def _plot_latency(ax: Any, t: list[float], windows: list[dict[str, Any]]) -> None:
+    from matplotlib import ticker
+
+    for key, label in (("p50_ms", "p50"), ("p99_ms", "p99")):
+        ax.plot(t, [math.nan if w[key] is None else w[key] for w in windows], lw=1, label=label)
+    ax.set_yscale("log")
+    # 1-2-5 ticks in plain numbers: log scale keeps p50 readable beside p99 spikes.
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_ylabel("latency ms")
+    ax.legend(loc="upper right", fontsize=8)
+
+
+def _plot_rss(ax: Any, samples: list[dict[str, Any]]) -> None:
+    t = [s["t"] for s in samples]
+    ax.plot(t, [s["bytes"] / 1e6 for s in samples], lw=1, label="VmRSS")
+    ax.plot(t, [s["anon_bytes"] / 1e6 for s in samples], lw=1, ls="--", label="anon")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylabel("daemon RSS MB")
+    ax.set_ylim(bottom=0)
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     """Throughput and p50/p99 per second (and RSS when sampled), 900x500 px."""
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
     windows, rss, cfg = report["windows"], report["rss"], report["config"]
     t = [w["t"] + 0.5 for w in windows]  # a window's midpoint
     fig, axes = plt.subplots(3 if rss else 2, 1, figsize=(9, 5), dpi=100, sharex=True)
-    axes[0].plot(t, [w["completed"] for w in windows], lw=1, label="completed/s")
-    if report["requests"]["errors"]:
-        axes[0].plot(t, [w["errors"] for w in windows], lw=1, color="red", label="errors/s")
-    axes[0].set_ylabel("req/s")
-    axes[0].set_ylim(bottom=0)
-    axes[0].legend(loc="lower right", fontsize=8)
-    nan = float("nan")
-    for key, label in (("p50_ms", "p50"), ("p99_ms", "p99")):
-        axes[1].plot(t, [w[key] if w[key] is not None else nan for w in windows], lw=1, label=label)
-    axes[1].set_yscale("log")
-    # 1-2-5 ticks in plain numbers: log scale keeps p50 readable beside p99 spikes.
-    axes[1].yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    axes[1].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    axes[1].set_ylabel("latency ms")
-    axes[1].legend(loc="upper right", fontsize=8)
+    _plot_throughput(axes[0], t, report)
+    _plot_latency(axes[1], t, windows)
     if rss:
-        samples = rss["samples"]
-        t_rss = [s["t"] for s in samples]
-        axes[2].plot(t_rss, [s["bytes"] / 1e6 for s in samples], lw=1, label="VmRSS")
-        axes[2].plot(t_rss, [s["anon_bytes"] / 1e6 for s in samples], lw=1, ls="--", label="anon")
-        axes[2].legend(loc="lower right", fontsize=8)
-        axes[2].set_ylabel("daemon RSS MB")
-        axes[2].set_ylim(bottom=0)
+        _plot_rss(axes[2], rss["samples"])
     for ax in axes:  # after this line only answers to earlier requests arrive
-        ax.axvline(cfg["duration"], color="grey", lw=0.8, ls=":")
+        ax.axvline(report["load_s"], color="grey", lw=0.8, ls=":")
     axes[-1].set_xlabel("seconds")
-    fig.suptitle(f"stratad {cfg['rpc']}, {load_shape(cfg)}, {fmt_size(cfg['size'])} states",
-                 fontsize=10)  # fmt: skip
+    title = f"stratad {cfg['rpc']}, {load_shape(cfg)}, {fmt_size(cfg['size'])} states"
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
