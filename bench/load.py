@@ -27,6 +27,7 @@ import asyncio
 import collections
 import contextlib
 import datetime as dt
+import io
 import itertools
 import json
 import math
@@ -923,11 +924,25 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for ax in axes:  # after this line only answers to earlier requests arrive
         ax.axvline(report["load_s"], color="grey", lw=0.8, ls=":")
     axes[-1].set_xlabel("seconds")
-    title = f"stratad {cfg['rpc']}, {load_shape(cfg)}, {fmt_size(cfg['size'])} states"
-    fig.suptitle(title, fontsize=10)
+    kept = f"keep_last {cfg['keep_last']}" if cfg["keep_last"] else "no retention"
+    title = f"stratad {cfg['rpc']}, {load_shape(cfg)}, {fmt_size(cfg['size'])} {cfg['workload']}"
+    fig.suptitle(f"{title} states, {kept}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    save_small_png(fig, path)
     plt.close(fig)
+
+
+def save_small_png(fig: Any, path: Path) -> None:
+    """A 32-colour palette PNG: line charts look the same at a quarter of the bytes.
+
+    Soak plots are committed under docs/; Pillow comes with matplotlib.
+    """
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    buffer.seek(0)
+    Image.open(buffer).convert("RGB").quantize(colors=32).save(path, optimize=True)
 
 
 def describe(cfg: Config) -> str:
@@ -940,8 +955,9 @@ def describe(cfg: Config) -> str:
         shape += "latency from the schedule."
     rpc = {"save": "Unary SaveState", "saves-stream": "SaveStates (one stream per channel)",
            "load": "LoadState"}[cfg.rpc]  # fmt: skip
-    what = ("random bytes (nothing dedups)" if cfg.workload == "random"
-            else "the growing conversation (32 steps per session, repeated)")  # fmt: skip
+    what = (f"{fmt_size(cfg.size)} of random bytes (nothing dedups)" if cfg.workload == "random"
+            else f"states of the growing conversation from {fmt_size(cfg.size)} up "
+                 f"({CONVERSATION_STEPS} steps per session, repeated)")  # fmt: skip
     kept = (f"the sessions keep their last {cfg.keep_last} checkpoints" if cfg.keep_last
             else "the sessions keep every checkpoint (no retention), so the stored data grows "
                  "with every save")  # fmt: skip
@@ -949,7 +965,7 @@ def describe(cfg: Config) -> str:
     daemon = (f"The daemon was spawned by the harness (fresh data directory, {config}); "
               if cfg.spawn else "Against a running daemon; ")  # fmt: skip
     return (
-        f"{shape} {rpc} of {fmt_size(cfg.size)} of {what} to {cfg.sessions} sessions over "
+        f"{shape} {rpc} of {what} to {cfg.sessions} sessions over "
         f"{cfg.channels} channels; {kept}. {daemon}client and daemon share the machine's cores."
     )
 
@@ -958,7 +974,8 @@ def doc_section(cfg: Config, report: dict[str, Any], argv: Sequence[str]) -> str
     lines = [
         heading(cfg.doc or ""), "",
         f"Command: `python bench/load.py {shlex.join(argv)}`. Measured {machine_facts()}.",
-        describe(cfg), "How to load-test any daemon: [load-testing.md](load-testing.md).", "",
+        describe(cfg), "How to load-test any daemon, and what the soaks below show: "
+        "[load-testing.md](load-testing.md#what-the-soaks-show).", "",
         *(["Interrupted: the figures cover the run until the signal.", ""]
           if report["interrupted"] else []),
         summary_table(report), "", machine_line(report), "", errors_table(report), "",
