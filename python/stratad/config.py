@@ -51,11 +51,16 @@ class Config:
     log_format: LogFormat = "text"
     grace_period: float = 10.0
     max_message_bytes: int = 64 * MIB
-    max_concurrent_rpcs: int = 0
+    max_concurrent_rpcs: int = 256
+    max_inflight_bytes: int = 256 * MIB
+    max_tenant_stored_bytes: int = 0
+    max_tenant_sessions: int = 0
+    max_session_checkpoints: int = 0
     durability: Durability = "fsync"
     fsync_interval_ms: int = 100
     metrics_listen: str = "127.0.0.1:9464"
     metrics_stats_interval: float = 30.0
+    metrics_tenant_labels: int = 0
     replication: Replication = "off"
     remote_url: str = ""
     replication_lag_ms: int = 1000
@@ -269,7 +274,33 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "max_concurrent_rpcs",
         _number(int, 0, MAX_GRPC_MESSAGE_BYTES),
-        "calls served at once before new ones get RESOURCE_EXHAUSTED; 0 = no limit",
+        "calls served at once (watch streams included) before new ones get "
+        "RESOURCE_EXHAUSTED; 0 = no limit",
+        "N",
+    ),
+    Option(
+        "max_inflight_bytes",
+        _number(int, 0),
+        "memory budget of the requests being processed; a request that does not fit gets "
+        "RESOURCE_EXHAUSTED (reason OVERLOADED, retryable); 0 = no budget",
+        "BYTES",
+    ),
+    Option(
+        "max_tenant_stored_bytes",
+        _number(int, 0),
+        "quota: bytes a tenant's sessions may keep on disk (objects and journals); 0 = no quota",
+        "BYTES",
+    ),
+    Option(
+        "max_tenant_sessions",
+        _number(int, 0),
+        "quota: sessions a tenant may have; 0 = no quota",
+        "N",
+    ),
+    Option(
+        "max_session_checkpoints",
+        _number(int, 0),
+        "quota: checkpoints one session may hold (retention drops count); 0 = no quota",
         "N",
     ),
     Option(
@@ -298,6 +329,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "seconds a computed set of store metrics (bytes, dedup ratio, objects) is reused "
         "before a scrape computes it again; 0 = on every scrape",
         "SECONDS",
+    ),
+    Option(
+        "metrics_tenant_labels",
+        _number(int, 0),
+        "label per-tenant metrics (GC, Verify) with the first N tenants seen; the others "
+        "are counted under tenant=\"_other\"; 0 = no tenant names in metrics",
+        "N",
     ),
     Option(
         "replication",
