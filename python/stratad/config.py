@@ -334,7 +334,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "metrics_tenant_labels",
         _number(int, 0),
         "label per-tenant metrics (GC, Verify) with the first N tenants seen; the others "
-        "are counted under tenant=\"_other\"; 0 = no tenant names in metrics",
+        'are counted under tenant="_other"; 0 = no tenant names in metrics',
         "N",
     ),
     Option(

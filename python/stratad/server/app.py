@@ -26,6 +26,7 @@ from stratad import __version__
 from stratad.config import Config
 from stratad.errors import UnavailableError
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
+from stratad.server.limits import LimitsInterceptor
 from stratad.server.metrics import Metrics
 from stratad.server.registry import SERVICES, Resources, ServiceRegistration, open_resources
 from stratad.store.failstop import EXIT_STORAGE_FAILED, StorageFailedError
@@ -103,9 +104,11 @@ async def start_server(
         else None
     )
     observers: list[CallObserver] = [metrics] if metrics is not None else []
+    # The budget first: a request it refuses is never decoded. Then requests:
+    # RequestInterceptor sees the status ErrorInterceptor made of an exception.
+    limits = [LimitsInterceptor(resources.budget)] if resources.budget is not None else []
     server = grpc.aio.server(
-        # Requests first: it sees the status ErrorInterceptor made of an exception.
-        interceptors=[RequestInterceptor(observers), ErrorInterceptor()],
+        interceptors=[*limits, RequestInterceptor(observers), ErrorInterceptor()],
         options=server_options(config),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
     )

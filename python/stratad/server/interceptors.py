@@ -80,11 +80,15 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 
 class UndecodableRequest:
-    """What the request deserializer returns for bytes that are not a valid message."""
+    """What a request deserializer returns instead of a message it did not decode.
+
+    Bytes that are not a valid message (INVALID_ARGUMENT), or a request that
+    the in-flight budget refused before decoding it (server/limits.py).
+    """
 
     __slots__ = ("error",)
 
-    def __init__(self, error: InvalidArgumentError) -> None:
+    def __init__(self, error: StratadError) -> None:
         self.error = error
 
 

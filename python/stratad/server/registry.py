@@ -31,6 +31,7 @@ from typing import Any
 
 from stratad.config import Config
 from stratad.domain.engine import Engine
+from stratad.server.limits import InflightBudget
 from stratad.store.datadir import DataDir, open_data_dir
 from stratad.store.remote import RemoteTier
 
@@ -50,6 +51,8 @@ class Resources:
     engine: Engine
     #: Where servicers run blocking domain work, off the event loop.
     executor: ThreadPoolExecutor
+    #: Memory budget of the requests in flight (None: max_inflight_bytes = 0).
+    budget: InflightBudget | None = None
     #: Set when shutdown begins. Long-lived streams (watches) should end when
     #: it is set, or graceful shutdown waits out the whole grace period.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -75,8 +78,11 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
             )
         engine.open()  # recovery: replay journals, cut torn tails, restore objects
         executor = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="stratad-worker")
+        budget = InflightBudget(config.max_inflight_bytes) if config.max_inflight_bytes else None
         try:
-            yield Resources(config=config, data_dir=data_dir, engine=engine, executor=executor)
+            yield Resources(
+                config=config, data_dir=data_dir, engine=engine, executor=executor, budget=budget
+            )
         finally:
             executor.shutdown(wait=True)
             engine.close()

@@ -63,8 +63,13 @@ class Record:
         for blob in self.blobs:
             parts.append(_U32.pack(len(blob)))
             parts.append(blob)
-        payload = b"".join(parts)
-        return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+        # One copy of the blobs, not two (joined payload, then header + payload):
+        # a save's record carries its new chunks, up to the largest state.
+        length, crc = 0, 0
+        for part in parts:
+            length += len(part)
+            crc = zlib.crc32(part, crc)
+        return b"".join([_HEADER.pack(length, crc), *parts])
 
     @classmethod
     def decode_payload(cls, payload: bytes) -> Record:
