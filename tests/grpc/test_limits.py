@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stratad.api.v1 import checkpoint_pb2
 from stratad.errors import ERROR_DOMAIN
 from stratad.sdk.client import error_info
-from stratad.server.limits import MEMORY_FACTOR, InflightBudget
+from stratad.server.limits import MEMORY_FACTOR, InflightBudget, _charging_deserializer
 
 if TYPE_CHECKING:
     from conftest import Api
@@ -247,3 +248,40 @@ def test_concurrent_calls_share_the_budget_without_leaking(limited: Api) -> None
         t.join()
     assert errors == []
     wait_released(budget)
+
+
+def test_health_checks_are_never_refused(limited: Api) -> None:
+    """Probes must see a busy daemon as alive, or Kubernetes restarts it."""
+    budget = budget_of(limited)
+    assert budget.try_acquire(10 * BUDGET)  # a lone request far over the budget
+    try:
+        stub = health_pb2_grpc.HealthStub(limited.channel)
+        for service in ("", "stratad.writes"):
+            response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        budget.release(10 * BUDGET)
+
+
+def test_budget_admits_what_fits_and_a_request_alone() -> None:
+    budget = InflightBudget(100)
+    assert budget.try_acquire(500)  # alone: admitted over the budget
+    assert not budget.try_acquire(1)
+    budget.release(500)
+    assert budget.try_acquire(60)
+    assert budget.try_acquire(40)
+    assert not budget.try_acquire(1)
+    # A request charged again once decoded is alone if it holds all that is in use.
+    budget.release(40)
+    assert budget.try_acquire(500, holding=60)
+    assert budget.in_use == 560
+
+
+def test_a_charge_is_released_when_its_request_is_dropped_unhandled() -> None:
+    """A call cancelled between decoding and its handler must not leak its charge."""
+    budget = InflightBudget(1000)
+    deserialize = _charging_deserializer(checkpoint_pb2.SaveStateRequest.FromString, budget)
+    held = deserialize(checkpoint_pb2.SaveStateRequest(session_id="s").SerializeToString())
+    assert budget.in_use > 0
+    del held
+    assert budget.in_use == 0

@@ -62,6 +62,9 @@ MEMORY_FACTOR = 6
 #: Request-streaming methods that answer each item, in order: an item's
 #: charge ends with its answer. (Other request streams hold theirs to the end.)
 ONE_ANSWER_PER_ITEM = frozenset({"/stratad.api.v1.CheckpointService/SaveStates"})
+#: Never charged: an overloaded daemon is alive, and probes that said
+#: otherwise would get it restarted, losing the work in flight.
+EXEMPT_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
 class InflightBudget:
@@ -78,10 +81,14 @@ class InflightBudget:
     def in_use(self) -> int:
         return self._in_use
 
-    def try_acquire(self, charge: int) -> bool:
-        """Take `charge` bytes if they fit (or if nothing else is in flight)."""
+    def try_acquire(self, charge: int, *, holding: int = 0) -> bool:
+        """Take `charge` bytes if they fit, or if nothing else is in flight.
+
+        `holding`: what the caller holds already (a request charged again once
+        decoded), which does not count as something else.
+        """
         with self._lock:
-            if self._in_use and self._in_use + charge > self.limit:
+            if self._in_use > holding and self._in_use + charge > self.limit:
                 return False
             self._in_use += charge
             return True
@@ -138,9 +145,10 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     async def intercept_service(self, continuation: Continuation, handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        return _charged_handler(handler, self.budget, handler_call_details.method)
+        method = handler_call_details.method
+        if handler is None or method.startswith(EXEMPT_PREFIXES):
+            return handler
+        return _charged_handler(handler, self.budget, method)
 
 
 def _charging_deserializer(deserializer: Any, budget: InflightBudget) -> Callable[[bytes], Any]:
@@ -157,7 +165,7 @@ def _charging_deserializer(deserializer: Any, budget: InflightBudget) -> Callabl
         if isinstance(message, UndecodableRequest):
             budget.release(charge)
             return message
-        if extra and not budget.try_acquire(extra):
+        if extra and not budget.try_acquire(extra, holding=charge):
             budget.release(charge)
             return UndecodableRequest(budget.overloaded(charge + extra))
         return _Held(message, budget, charge + extra)
