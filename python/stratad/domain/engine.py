@@ -13,6 +13,7 @@ from stratad.domain.cognitive import Cognitive
 from stratad.domain.crystals import CrystalLibraries
 from stratad.domain.events import EventHub
 from stratad.domain.profiles import Profiles
+from stratad.domain.quotas import Quotas
 from stratad.domain.replication import Replicator
 from stratad.domain.sessions import SessionManager
 from stratad.domain.tasks import Tasks
@@ -35,6 +36,7 @@ class Engine:
         fsync_interval: float = 0.1,
         max_state_bytes: int = 64 << 20,
         compact_min_bytes: int = 4 << 20,
+        quotas: Quotas | None = None,
     ) -> None:
         self.store = Store(
             data_dir,
@@ -43,7 +45,9 @@ class Engine:
             max_object_bytes=max_state_bytes,
         )
         self.events = EventHub()
-        self.sessions = SessionManager(self.store, self.events, compact_min_bytes=compact_min_bytes)
+        self.sessions = SessionManager(
+            self.store, self.events, compact_min_bytes=compact_min_bytes, quotas=quotas
+        )
         self.checkpoints = Checkpoints(self.sessions, max_state_bytes=max_state_bytes)
         self.admin = Admin(self.sessions)
         # Pending writes, CopySession, PruneCheckpoints, DeleteCheckpoints (and

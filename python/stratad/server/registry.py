@@ -31,6 +31,7 @@ from typing import Any
 
 from stratad.config import Config
 from stratad.domain.engine import Engine
+from stratad.domain.quotas import Quotas
 from stratad.server.limits import InflightBudget
 from stratad.store.datadir import DataDir, open_data_dir
 from stratad.store.remote import RemoteTier
@@ -67,6 +68,11 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
             durability=config.durability,
             fsync_interval=config.fsync_interval_ms / 1000,
             max_state_bytes=config.max_message_bytes,
+            quotas=Quotas(
+                tenant_stored_bytes=config.max_tenant_stored_bytes,
+                tenant_sessions=config.max_tenant_sessions,
+                session_checkpoints=config.max_session_checkpoints,
+            ),
         )
         if config.replication != "off":
             engine.replicate_to(

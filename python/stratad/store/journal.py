@@ -180,10 +180,38 @@ def _valid_run_end(data: bytes, start: int) -> int | None:
     return end
 
 
-class Journal:
-    """An open journal file; thread-safe appends and group-committed syncs."""
+class SizeTally:
+    """The total size of a set of open journals (a tenant's sessions), kept as it changes."""
 
-    def __init__(self, path: Path, *, durable: bool, fail_stop: FailStop | None = None) -> None:
+    def __init__(self) -> None:
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._bytes += n
+
+
+class Journal:
+    """An open journal file; thread-safe appends and group-committed syncs.
+
+    With a `SizeTally`, the journal counts in it while it is open: its size
+    when opened, every append, minus its size when closed (a compaction
+    opens the new file before closing the old one; a deletion closes it).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        durable: bool,
+        fail_stop: FailStop | None = None,
+        tally: SizeTally | None = None,
+    ) -> None:
         self.path = path
         self._durable = durable
         # A failed fsync stops every journal of the data directory (failstop.py).
@@ -193,6 +221,9 @@ class Journal:
         self._synced = self._size
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
+        self._tally = tally
+        if tally is not None:
+            tally.add(self._size)
 
     @property
     def size(self) -> int:
@@ -220,6 +251,8 @@ class Journal:
                     os.ftruncate(self._fd, start)
                 raise storage_error(exc, "journal append") from exc
             self._size = start + len(data)
+            if self._tally is not None:
+                self._tally.add(len(data))
             return self._size
 
     def sync(self, upto: int | None = None) -> None:
@@ -257,6 +290,10 @@ class Journal:
                 observe(self.path, time.perf_counter() - started)
 
     def close(self) -> None:
+        with self._append_lock:
+            tally, self._tally = self._tally, None  # counted out once, however often closed
+        if tally is not None:
+            tally.add(-self._size)
         with contextlib.suppress(OSError):
             os.close(self._fd)
 

@@ -26,7 +26,7 @@ from stratad.errors import ResourceExhaustedError
 from stratad.store import journal as journal_mod
 from stratad.store.failstop import FailStop, ReadOnlyError
 from stratad.store.fsync import make_dirs
-from stratad.store.journal import Journal, Record, storage_error
+from stratad.store.journal import Journal, Record, SizeTally, storage_error
 from stratad.store.tenant import TenantStore
 
 log = logging.getLogger(__name__)
@@ -124,9 +124,11 @@ class Store:
 
     # -- journals ------------------------------------------------------------
 
-    def open_journal(self, path: Path) -> Journal:
+    def open_journal(self, path: Path, tally: SizeTally | None = None) -> Journal:
         self.fail_stop.check()
-        journal = Journal(path, durable=self.durability == "fsync", fail_stop=self.fail_stop)
+        journal = Journal(
+            path, durable=self.durability == "fsync", fail_stop=self.fail_stop, tally=tally
+        )
         self._journals.add(journal)
         return journal
 

@@ -17,6 +17,7 @@ from stratad.errors import DataLossError
 from stratad.store import manifest
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import make_dirs
+from stratad.store.journal import SizeTally
 from stratad.store.objects import ObjectStore
 
 #: How a checkpoint's root object is to be read.
@@ -50,6 +51,8 @@ class TenantStore:
         self.sessions_root = root / "sessions"
         make_dirs(self.sessions_root)
         self.objects = ObjectStore(root / "objects", fail_stop)
+        #: The size of the tenant's open session journals (see `stored_bytes`).
+        self.journal_bytes = SizeTally()
         self.max_object_bytes = max_object_bytes
         self._manifests: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -61,6 +64,11 @@ class TenantStore:
         # `gc_touched` under the first, which would then sweep objects that a
         # save revived meanwhile. A second caller waits for the first.
         self.gc_running = threading.Lock()
+
+    @property
+    def stored_bytes(self) -> int:
+        """Object files and session journals: what GetStoreStats counts, without a walk."""
+        return self.objects.stored_bytes + self.journal_bytes.bytes
 
     # -- write -------------------------------------------------------------
 
