@@ -338,11 +338,7 @@ class Checkpoints:
         existing = len(live.state.checkpoints)
         quotas.check_checkpoints(live.state.session_id, existing, existing + 1 - len(dropped))
         if quotas.tenant_stored_bytes:
-            objects = live.tenant.objects
-            new = sum(len(frame) for digest, frame in stored.new_objects if not objects.has(digest))
-            # A new object is stored twice until a compaction: its file, and
-            # the copy its journal record carries.
-            quotas.check_stored_bytes(live.tenant, 2 * new)
+            quotas.check_stored_bytes(live.tenant, live.tenant.added_bytes(stored, live.owner))
 
     def _new_checkpoint_id(self, live: LiveSession, requested: str) -> str:
         if not requested:

@@ -89,6 +89,10 @@ class ObjectStore:
     def has(self, digest: str) -> bool:
         return digest in self._sizes
 
+    def size_of(self, digest: str) -> int:
+        """The stored (framed) size of an object; 0 if absent."""
+        return self._sizes.get(digest, 0)
+
     def digests(self) -> list[str]:
         with self._lock:
             return list(self._sizes)

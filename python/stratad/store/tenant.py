@@ -146,6 +146,23 @@ class TenantStore:
                 self.gc_touched.update(self.closure(state.root, state.root_kind, state.entries))
         return inline
 
+    def added_bytes(self, state: StoredState, owner: str) -> int:
+        """What committing `state` for `owner` (and journaling it) adds to the store.
+
+        A new object counts twice: its file, and the copy its journal record
+        carries; an existing one the record must carry (see needs_inline), once.
+        """
+        added = 0
+        for digest, frame in state.new_objects:
+            if not self.objects.has(digest):
+                added += 2 * len(frame)
+            elif self.objects.needs_inline(digest, owner):
+                added += len(frame)
+        for digest in self._referenced_existing(state):
+            if self.objects.needs_inline(digest, owner):
+                added += self.objects.size_of(digest)
+        return added
+
     def _referenced_existing(self, state: StoredState) -> list[str]:
         """Objects the state points at without carrying them (chunks it dedups, its base)."""
         new = {d for d, _ in state.new_objects}
