@@ -75,8 +75,9 @@ class Admin:
         self.store = sessions.store
 
     def _tenants(self, tenant: str) -> list[TenantStore]:
-        if tenant:
-            return [self.store.tenant(tenant)]
+        if tenant:  # an unknown tenant has nothing to collect, verify or count
+            found = self.store.find_tenant(tenant)
+            return [found] if found is not None else []
         return [self.store.tenant(name) for name in self.store.existing_tenant_names()]
 
     # -- garbage collection ------------------------------------------------------

@@ -575,7 +575,8 @@ class Checkpoints:
         for d in digests:
             if len(d) != 64 or not _is_hex(d):
                 raise InvalidArgumentError(f"{d[:80]!r} is not a hex BLAKE3 digest")
-        return self.sessions.store.tenant(tenant).missing(digests)
+        store = self.sessions.store.find_tenant(tenant)
+        return store.missing(digests) if store is not None else list(digests)
 
 
 def _page_version(token: str) -> int:

@@ -65,6 +65,7 @@ class Store:
     # -- tenants -------------------------------------------------------------
 
     def tenant(self, name: str) -> TenantStore:
+        """The tenant's store, created (directories and all) on first use: for writes."""
         with self._lock:
             existing = self._tenants.get(name)
             if existing is not None:
@@ -78,6 +79,16 @@ class Store:
             self._tenants[name] = tenant
             self._watch_objects(tenant)
             return tenant
+
+    def find_tenant(self, name: str) -> TenantStore | None:
+        """A tenant that exists, or None; unlike `tenant`, never creates one.
+
+        Every tenant on disk is loaded at start-up (recovery), and every one
+        created since is loaded: reads use this, so that asking about a tenant
+        that does not exist leaves no directory behind.
+        """
+        with self._lock:
+            return self._tenants.get(name)
 
     def on_new_object(self, listener: Callable[[str, str], None]) -> None:
         """Call `listener(tenant, digest)` for every object added to any tenant."""
