@@ -99,7 +99,12 @@ async def start_server(
     """Build the server, bind it, start it and report every service SERVING."""
     config = resources.config
     metrics = (
-        Metrics(resources.engine, resources.data_dir.path, config.metrics_stats_interval)
+        Metrics(
+            resources.engine,
+            resources.data_dir.path,
+            config.metrics_stats_interval,
+            tenant_labels=config.metrics_tenant_labels,
+        )
         if config.metrics_listen
         else None
     )
