@@ -19,7 +19,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from stratad.api.v1 import checkpoint_pb2
 from stratad.errors import ERROR_DOMAIN
 from stratad.sdk.client import error_info
-from stratad.server.limits import MEMORY_FACTOR, InflightBudget, _charging_deserializer
+from stratad.server.limits import (
+    DECODED_FACTOR,
+    MEMORY_FACTOR,
+    InflightBudget,
+    _charging_deserializer,
+)
 
 if TYPE_CHECKING:
     from conftest import Api
@@ -214,7 +219,7 @@ def test_a_chunked_upload_is_charged_for_the_state_it_declares(limited: Api) -> 
             limited.call(limited.checkpoints.SaveState, request)
         assert_overloaded(raised.value)
         charged = int(error_info(raised.value).metadata["request_bytes"])  # type: ignore[union-attr]
-        assert charged >= MEMORY_FACTOR * declared
+        assert charged >= DECODED_FACTOR * declared
     finally:
         budget.release(1)
     wait_released(budget)
