@@ -102,6 +102,19 @@ def config_of(docs: list[Doc], pod: Doc, tmp_path: Path) -> Config:
     return load_config(config_file=toml)  # raises ConfigError naming a bad key
 
 
+MIB = 1 << 20
+_BINARY_SUFFIXES = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+def quantity(value: str | int) -> int:
+    """A Kubernetes memory quantity in bytes (the binary suffixes, or a plain number)."""
+    text = str(value)
+    for suffix, factor in _BINARY_SUFFIXES.items():
+        if text.endswith(suffix):
+            return int(text.removesuffix(suffix)) * factor
+    return int(text)
+
+
 def port_of(address: str) -> int:
     return int(address.rpartition(":")[2])
 
@@ -146,6 +159,11 @@ def check_workload(docs: list[Doc], workload: Doc, tmp_path: Path) -> None:
         for kind in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(c["resources"][kind]), (c["name"], kind)
     assert pod.get("automountServiceAccountToken") is False
+
+    # The in-flight budget fits in the container, with room for the daemon
+    # itself and the objects not yet written (docs/limits.md).
+    memory_limit = quantity(stratad["resources"]["limits"]["memory"])
+    assert 0 < config.max_inflight_bytes <= memory_limit - 128 * MIB
 
     # The pod outlives stratad's drain (and the agent's own shutdown).
     assert pod["terminationGracePeriodSeconds"] >= config.grace_period + 15

@@ -2,9 +2,11 @@
 
 A request costs the daemon several times its size while it is served: gRPC
 keeps the raw bytes until the call ends, the decoded message holds a second
-copy, the state taken out of it a third, then come its chunks and the
-journal record that carries them. A 60 MiB save of incompressible data was
-measured at 5.6 times its size (docs/limits.md), hence `MEMORY_FACTOR`.
+copy, the state taken out of it a third, then come its chunks (kept until
+they are written to their files) and the journal record that carries them.
+A 60 MiB save of incompressible data peaks at about 5 times its size over the
+idle daemon (bench/memory.py, docs/limits.md), hence `MEMORY_FACTOR` with
+some margin.
 `InflightBudget` bounds the sum of those charges (``max_inflight_bytes``).
 
 Where bytes are counted: in the request deserializer, the first point where
@@ -58,7 +60,7 @@ from stratad.server.interceptors import UndecodableRequest
 Behavior = Callable[[Any, Any], Any]
 Continuation = Callable[[Any], Awaitable[Any]]
 
-#: A request is charged this many times its size (measured: 5.6 for a 60 MiB
+#: A request is charged this many times its size (measured: 4.7 to 5.1 for a 60 MiB
 #: save of incompressible data, the worst case; see docs/limits.md).
 MEMORY_FACTOR = 6
 #: A chunked upload is charged this many times the state size it declares, on top.

@@ -22,8 +22,10 @@ started, so concurrent writers share fsyncs instead of queueing one each.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import itertools
 import json
 import os
 import struct
@@ -58,18 +60,24 @@ class Record:
     blobs: list[bytes] = field(default_factory=list)
 
     def encode(self) -> bytes:
+        return b"".join(self.pieces())
+
+    def pieces(self) -> list[bytes]:
+        """The encoded record as consecutive pieces: the header, then the payload's.
+
+        A save's record carries its new chunks, up to the largest state:
+        appending the pieces (writev) saves joining them into one more copy.
+        """
         body = json.dumps({"k": self.kind, **self.body}, separators=(",", ":")).encode()
         parts = [_U32.pack(len(body)), body]
         for blob in self.blobs:
             parts.append(_U32.pack(len(blob)))
             parts.append(blob)
-        # One copy of the blobs, not two (joined payload, then header + payload):
-        # a save's record carries its new chunks, up to the largest state.
         length, crc = 0, 0
         for part in parts:
             length += len(part)
             crc = zlib.crc32(part, crc)
-        return b"".join([_HEADER.pack(length, crc), *parts])
+        return [_HEADER.pack(length, crc), *parts]
 
     @classmethod
     def decode_payload(cls, payload: bytes) -> Record:
@@ -239,20 +247,21 @@ class Journal:
 
     def append(self, record: Record) -> int:
         """Append one record (not yet synced); return the offset after it."""
-        data = record.encode()
+        pieces = record.pieces()
+        size = sum(len(piece) for piece in pieces)
         self._fail_stop.check_writable()
         with self._append_lock:
             start = self._size
             try:
-                _write_all(self._fd, data)
+                _write_pieces(self._fd, pieces)
             except OSError as exc:
                 # Never leave a partial record behind a later good one.
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, start)
                 raise storage_error(exc, "journal append") from exc
-            self._size = start + len(data)
+            self._size = start + size
             if self._tally is not None:
-                self._tally.add(len(data))
+                self._tally.add(size)
             return self._size
 
     def sync(self, upto: int | None = None) -> None:
@@ -345,6 +354,23 @@ def fsync_dir_or_trip(path: Path, fail_stop: FailStop) -> None:
         fsync_dir(path)
     except OSError as exc:
         raise fail_stop.trip(f"fsync of directory {path}", exc) from exc
+
+
+#: Buffers one writev may take (POSIX guarantees at least 16; Linux has 1024).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
+
+
+def _write_pieces(fd: int, pieces: list[bytes]) -> None:
+    """Write the pieces in order with writev, resuming after a short write."""
+    views = collections.deque(memoryview(piece) for piece in pieces if piece)
+    while views:
+        written = os.writev(fd, list(itertools.islice(views, _IOV_MAX)))
+        while written:
+            if written >= len(views[0]):
+                written -= len(views.popleft())
+            else:
+                views[0] = views[0][written:]
+                written = 0
 
 
 def _write_all(fd: int, data: bytes) -> None:
