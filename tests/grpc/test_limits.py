@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+import test_error_interceptor as interceptor_tests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stratad.api.v1 import checkpoint_pb2
@@ -290,3 +291,27 @@ def test_a_charge_is_released_when_its_request_is_dropped_unhandled() -> None:
     assert budget.in_use > 0
     del held
     assert budget.in_use == 0
+
+
+@pytest.mark.parametrize("method", list(interceptor_tests.METHODS))
+def test_every_handler_kind_is_charged_refused_and_released(
+    inprocess_server: Callable[..., Any], method: str
+) -> None:
+    """Sync and async, unary and streaming, writer style: the test service of
+    test_error_interceptor.py behind the real interceptor chain."""
+    server = inprocess_server(
+        services=[interceptor_tests.registration()], max_inflight_bytes=BUDGET
+    )
+    budget = server.resources.budget
+    with grpc.insecure_channel(server.target) as channel:
+        for payload in (b"ok", b"NotFoundError", b"undecodable"):
+            interceptor_tests.collect(channel, method, payload)
+        wait_released(budget)
+        assert budget.try_acquire(BUDGET)
+        try:
+            received, error = interceptor_tests.collect(channel, method, b"ok")
+            assert received == [] and error is not None
+            assert_overloaded(error)
+        finally:
+            budget.release(BUDGET)
+        wait_released(budget)

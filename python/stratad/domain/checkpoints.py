@@ -492,7 +492,7 @@ class Checkpoints:
             event = SessionEvent(version, "delete_checkpoint", at, checkpoint_id=checkpoint_id)
             return Mutation(Record("delete_checkpoint", body), event)
 
-        self.sessions.mutate_live(live, expected_version, build, frees=True)
+        self.sessions.mutate_live(live, expected_version, build, check_quota=False)
 
     def fork_session(
         self, tenant: str, checkpoint_id: str, *, new_session_id: str = "",

@@ -434,7 +434,7 @@ class SessionManager:
                 self.evict(live)  # it exists elsewhere, or the remote is unreachable
                 raise
         if initial is not None:
-            self.mutate_live(live, 0, initial)
+            self.mutate_live(live, 0, initial, check_quota=False)
         return self.info(tenant, session_id)
 
     def _check_quotas(self, store: TenantStore) -> None:
@@ -474,18 +474,10 @@ class SessionManager:
 
     # -- mutation ----------------------------------------------------------------
 
-    def mutate(
-        self,
-        tenant: str,
-        session_id: str,
-        expected_version: int,
-        build: Builder,
-        *,
-        frees: bool = False,
-    ) -> Any:
+    def mutate(self, tenant: str, session_id: str, expected_version: int, build: Builder) -> Any:
         """Run one mutation: build its record under the lock, journal it, apply it."""
         live = self.live(tenant, session_id)
-        return self.mutate_live(live, expected_version, build, frees=frees)
+        return self.mutate_live(live, expected_version, build)
 
     def mutate_live(
         self,
@@ -494,22 +486,23 @@ class SessionManager:
         build: Builder,
         *,
         commit: Commit | None = None,
-        frees: bool = False,
+        check_quota: bool = True,
     ) -> Any:
         """Journal, apply and (unless `commit` is given) make durable one mutation.
 
         With `commit`, the fsync and the event are left to `finish(commit)`, so
         a batch of mutations shares fsyncs (SaveStates); the caller must not
-        acknowledge any of them before `finish` returns. A mutation that
-        `frees` space (deleting checkpoints) is never refused for the
-        tenant's stored-bytes quota; any other is once the tenant is full.
+        acknowledge any of them before `finish` returns. A mutation is refused
+        once the tenant is at its stored-bytes quota, unless `check_quota` is
+        False: deletions (they make room), and the first record of a session
+        whose creation was checked.
         """
         if self.replicator is not None:
             self.replicator.ensure_writable(live)
         with live.lock:
             check_usable(live)
             check_version(live, expected_version)
-            if not frees:
+            if check_quota:
                 self.quotas.check_stored_bytes(live.tenant)
             mutation = None
             try:

@@ -462,7 +462,9 @@ class CheckpointExtras:
             return Mutation(Record("drop_checkpoints", body), event, len(dropped))
 
         try:
-            return self.sessions.mutate_live(live, 0, build, commit=commit, frees=True)  # type: ignore[no-any-return]
+            return self.sessions.mutate_live(  # type: ignore[no-any-return]
+                live, 0, build, commit=commit, check_quota=False
+            )
         except _NothingToDrop:
             return 0
 

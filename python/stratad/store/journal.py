@@ -67,6 +67,8 @@ class Record:
 
         A save's record carries its new chunks, up to the largest state:
         appending the pieces (writev) saves joining them into one more copy.
+        `Journal.append` writes these: a subclass that overrides `encode`
+        overrides this too.
         """
         body = json.dumps({"k": self.kind, **self.body}, separators=(",", ":")).encode()
         parts = [_U32.pack(len(body)), body]
