@@ -350,6 +350,12 @@ def cmd_verify(ctl: Ctl, args: argparse.Namespace) -> int:
             lines.append(f"CORRUPT {c.digest}: {c.problem} (affects {sessions})")
         for s in report.damaged_sessions:
             lines.append(f"DAMAGED session {s}")
+        if report.remote_objects_checked or report.remote_damaged_sessions:
+            lines.append(f"objects checked in object storage: {report.remote_objects_checked}")
+        for c in report.remote_corrupt_objects:
+            lines.append(f"CORRUPT in object storage {c.digest}: {c.problem}")
+        for s in report.remote_damaged_sessions:
+            lines.append(f"DAMAGED in object storage: session {s}")
         lines.append("ok" if report.ok else "PROBLEMS FOUND")
         return "\n".join(lines)
 

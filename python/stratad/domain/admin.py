@@ -34,10 +34,15 @@ class VerifyReport:
     objects_checked: int = 0
     corrupt: list[CorruptObject] = field(default_factory=list)
     damaged_sessions: list[str] = field(default_factory=list)
+    #: The same for object storage, when the daemon replicates (else empty).
+    remote_objects_checked: int = 0
+    remote_corrupt: list[CorruptObject] = field(default_factory=list)
+    remote_damaged_sessions: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.corrupt and not self.damaged_sessions
+        local_ok = not self.corrupt and not self.damaged_sessions
+        return local_ok and not self.remote_corrupt and not self.remote_damaged_sessions
 
 
 @dataclass
@@ -150,7 +155,17 @@ class Admin:
             for live in self.sessions.sessions_of(store.name):
                 if live.damaged:
                     report.damaged_sessions.append(f"{store.name}/{live.state.session_id}")
+            self._verify_remote(store.name, report)
         return report
+
+    def _verify_remote(self, tenant: str, report: VerifyReport) -> None:
+        replicator = self.sessions.replicator
+        if replicator is None:
+            return
+        remote = replicator.verify_remote(tenant)
+        report.remote_objects_checked += remote.objects_checked
+        report.remote_corrupt.extend(CorruptObject(tenant, d, p) for d, p in remote.corrupt)
+        report.remote_damaged_sessions.extend(f"{tenant}/{s}" for s in remote.damaged_sessions)
 
     def _attribute(
         self, store: TenantStore, bad: dict[str, CorruptObject], report: VerifyReport

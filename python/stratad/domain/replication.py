@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from stratad.domain.admin import roots
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
+from stratad.store import journal as journal_mod
 from stratad.store import manifest
 from stratad.store.remote import (
     Head,
@@ -38,6 +39,7 @@ from stratad.store.remote import (
     LeaseLostError,
     RemoteTier,
     VersionedHead,
+    verified_frame,
 )
 from stratad.store.tenant import ROOT_CHUNK, ROOT_MANIFEST, TenantStore
 
@@ -55,6 +57,17 @@ HYDRATE_ATTEMPTS = 3
 #: The owner stops writing this fraction of the lease before it runs out, so
 #: that a clock running slightly behind another daemon's cannot overlap it.
 LEASE_MARGIN = 0.25
+
+
+@dataclass
+class RemoteVerifyReport:
+    """What `Verify` found in object storage for one tenant."""
+
+    objects_checked: int = 0
+    #: (digest, problem) of every object whose remote copy fails re-hashing.
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    #: "<session>: problem" for every session whose remote history is damaged.
+    damaged_sessions: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -350,6 +363,53 @@ class Replicator:
         restored = self.sessions.loaded(tenant, session_id)
         if restored is not None:  # objects damaged locally: rewrite them from the remote
             self._fetch_objects(restored, repair=True)
+
+    # -- verification --------------------------------------------------------------------
+
+    def verify_remote(self, tenant: str) -> RemoteVerifyReport:
+        """Re-hash every object of the tenant's packs; check every session's segments.
+
+        A segment must be whole journal records (their checksums pass, nothing
+        trails them): what a daemon hydrating the session would replay.
+        """
+        report = RemoteVerifyReport()
+        for pack, items in sorted(self.remote.packs(tenant).items()):
+            self._verify_pack(pack, items, report)
+        for session_id in self.remote.list_sessions(tenant):
+            problem = self._verify_history(RemoteTier.session_path(tenant, session_id))
+            if problem:
+                report.damaged_sessions.append(f"{session_id}: {problem}")
+        return report
+
+    def _verify_pack(
+        self, pack: str, items: list[tuple[str, int, int]], report: RemoteVerifyReport
+    ) -> None:
+        report.objects_checked += len(items)
+        try:
+            data = self.remote.read_pack(pack)
+        except DataLossError as exc:
+            report.corrupt.extend((digest, str(exc)) for digest, _, _ in items)
+            return
+        for digest, offset, length in items:
+            try:
+                verified_frame(digest, data[offset : offset + length], pack)
+            except DataLossError as exc:
+                report.corrupt.append((digest, exc.message))
+
+    def _verify_history(self, path: str) -> str:
+        """"" when the session's remote history replays cleanly, else the problem."""
+        current = self.remote.read_head(path)
+        if current is None or current.head.deleted:
+            return ""
+        for name in current.head.segments:
+            try:
+                data = self.remote.get_segment(path, name)
+            except DataLossError as exc:
+                return exc.message
+            parsed = journal_mod.parse_records(data)
+            if parsed.valid_bytes != len(data):
+                return f"segment {name} is damaged at byte {parsed.valid_bytes}"
+        return ""
 
     def _read_history(self, path: str) -> tuple[VersionedHead, bytes] | None:
         """A session's HEAD and its whole history (None: no such session, or deleted)."""

@@ -198,8 +198,23 @@ class RemoteTier:
             except Exception as exc:
                 raise _unavailable(f"reading {pack}", exc) from exc
             for (digest, _, _), data in zip(items, ranges, strict=True):
-                found[digest] = _verified(digest, bytes(data), pack)
+                found[digest] = verified_frame(digest, bytes(data), pack)
         return found
+
+    def packs(self, tenant: str) -> dict[str, list[tuple[str, int, int]]]:
+        """pack path -> its objects (digest, offset, length), from every index."""
+        self._load_indexes(tenant)
+        by_pack: dict[str, list[tuple[str, int, int]]] = {}
+        with self._lock:
+            for digest, (pack, offset, length) in self._index.get(tenant, {}).items():
+                by_pack.setdefault(pack, []).append((digest, offset, length))
+        return by_pack
+
+    def read_pack(self, pack: str) -> bytes:
+        try:
+            return self._get(pack)
+        except (RemoteNotFoundError, FileNotFoundError):
+            raise DataLossError(f"remote pack {pack} is missing") from None
 
     # -- sessions ----------------------------------------------------------------
 
@@ -287,7 +302,7 @@ def _version(e_tag: str | None, version: str | None) -> dict[str, Any]:
     return {k: v for k, v in found.items() if v is not None}
 
 
-def _verified(digest: str, frame: bytes, pack: str) -> bytes:
+def verified_frame(digest: str, frame: bytes, pack: str) -> bytes:
     """A frame from object storage, re-hashed: a damaged remote copy is never taken in."""
     try:
         found = native.verify_frame(frame, NO_SIZE_LIMIT)
