@@ -162,3 +162,17 @@ def test_verify_re_hashes_object_storage_and_replays_remote_histories(
     assert len(report.remote_damaged_sessions) == 1
     assert report.remote_damaged_sessions[0].startswith(f"{TENANT}/s1: segment ")
     assert not report.corrupt  # the local copy is sound
+
+
+def test_list_sessions_includes_sessions_other_daemons_wrote(
+    daemons: Callable[..., Engine],
+) -> None:
+    a = daemons("a")
+    for session in ("s1", "s2", "s3"):
+        a.sessions.create(TENANT, session)
+        save(a, session, session.encode())
+    a.sessions.delete(TENANT, "s2")
+    b = daemons("b")  # an empty data directory
+    listed, token = b.sessions.list(TENANT)
+    assert [s.session_id for s in listed] == ["s1", "s3"] and token == ""
+    assert b.checkpoints.load_state(TENANT, "s3").data == b"s3"

@@ -264,10 +264,13 @@ class RemoteTier:
             raise _unavailable(f"deleting {path}/seg/{name}", exc) from exc
 
     def list_sessions(self, tenant: str) -> list[str]:
+        """IDs of the tenant's sessions in object storage (tombstoned ones included)."""
         prefix = f"tenants/{tenant}/sessions/"
-        return sorted(
-            {p[len(prefix) :].split("/", 1)[0] for p in self._list(prefix) if p.endswith("/HEAD")}
-        )
+        try:
+            found = obstore.list_with_delimiter(self.store, prefix)
+        except Exception as exc:
+            raise _unavailable(f"listing {prefix}", exc) from exc
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
 
     # -- plumbing ------------------------------------------------------------------
 
