@@ -397,7 +397,7 @@ class Replicator:
                 report.corrupt.append((digest, exc.message))
 
     def _verify_history(self, path: str) -> str:
-        """"" when the session's remote history replays cleanly, else the problem."""
+        """The problem with the session's remote history ("" when it replays cleanly)."""
         current = self.remote.read_head(path)
         if current is None or current.head.deleted:
             return ""
