@@ -60,6 +60,7 @@ class Config:
     remote_url: str = ""
     replication_lag_ms: int = 1000
     replication_lease_ms: int = 10_000
+    replication_gc_grace_seconds: float = 3600.0
     node_id: str = ""
 
     def __post_init__(self) -> None:
@@ -324,6 +325,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _number(int, 100),
         "how long a daemon's ownership of a session lasts without a write",
         "MS",
+    ),
+    Option(
+        "replication_gc_grace_seconds",
+        _number(float, 0),
+        "CollectGarbage in object storage: seconds between condemning an unreferenced pack "
+        "and deleting it; longer than any daemon may hold writes it has not shipped",
+        "SECONDS",
     ),
     Option(
         "node_id",

@@ -64,6 +64,7 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "remote_url": "s3://bucket/prefix",
         "replication_lag_ms": "250",
         "replication_lease_ms": "5000",
+        "replication_gc_grace_seconds": "600",
         "node_id": "pod-1",
     }
     assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
@@ -93,6 +94,7 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         remote_url="s3://bucket/prefix",
         replication_lag_ms=250,
         replication_lease_ms=5000,
+        replication_gc_grace_seconds=600.0,
         node_id="pod-1",
     )
 

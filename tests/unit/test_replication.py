@@ -17,6 +17,7 @@ import obstore
 import pytest
 from obstore.store import MemoryStore
 
+from stratad import native
 from stratad.domain.checkpoints import SaveInput
 from stratad.domain.engine import Engine
 from stratad.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
@@ -31,9 +32,13 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
     remote = RemoteTier(MemoryStore())
     opened: list[Engine] = []
 
-    def start(name: str, *, mode: str = "sync", data: str = "", **options: float) -> Engine:
+    def start(
+        name: str, *, mode: str = "sync", data: str = "", gc_grace: float = 3600.0, **options: int
+    ) -> Engine:
         engine = Engine(tmp_path / (data or name), fsync_interval=0.02, **options)  # type: ignore[arg-type]
-        engine.replicate_to(remote, mode=mode, node_id=name, lag=0.02, lease=LEASE)
+        engine.replicate_to(
+            remote, mode=mode, node_id=name, lag=0.02, lease=LEASE, gc_grace=gc_grace
+        )
         engine.open()
         opened.append(engine)
         return engine
@@ -176,3 +181,47 @@ def test_list_sessions_includes_sessions_other_daemons_wrote(
     listed, token = b.sessions.list(TENANT)
     assert [s.session_id for s in listed] == ["s1", "s3"] and token == ""
     assert b.checkpoints.load_state(TENANT, "s3").data == b"s3"
+
+
+def test_remote_garbage_is_condemned_then_deleted_and_live_data_survives(
+    daemons: Callable[..., Engine],
+) -> None:
+    a = daemons("a", gc_grace=0.0)
+    assert a.replicator is not None
+    a.sessions.create(TENANT, "gone")
+    save(a, "gone", os.urandom(300_000))
+    a.sessions.create(TENANT, "kept")
+    kept = os.urandom(300_000)
+    save(a, "kept", kept)
+    a.sessions.delete(TENANT, "gone")  # its packs are garbage in object storage now
+
+    first = a.admin.collect_garbage(TENANT)
+    assert first.remote_packs_condemned >= 1 and first.remote_packs_deleted == 0
+    second = a.admin.collect_garbage(TENANT)
+    assert second.remote_packs_deleted >= 1 and second.remote_bytes_freed > 250_000
+    assert a.admin.verify(TENANT).ok  # nothing referenced went missing
+
+    b = daemons("b")  # hydrates from what is left
+    assert b.checkpoints.load_state(TENANT, "kept").data == kept
+
+
+def test_a_save_never_dedups_against_a_condemned_pack(daemons: Callable[..., Engine]) -> None:
+    a = daemons("a", gc_grace=0.0)
+    assert a.replicator is not None
+    data = os.urandom(300_000)
+    a.sessions.create(TENANT, "old")
+    save(a, "old", data)
+    a.sessions.delete(TENANT, "old")
+    assert a.admin.collect_garbage(TENANT).remote_packs_condemned >= 1
+    a.replicator.remote.known_objects(TENANT)  # uploaders see the condemned list
+    a.sessions.create(TENANT, "new")
+    save(a, "new", data)  # the same chunks again: uploaded anew, not deduplicated
+    chunk = native.digest_hex(data[: native.chunk_boundaries(data)[0][1]])
+    holders = [p for p, items in a.replicator.remote.packs(TENANT).items()
+               if any(d == chunk for d, _, _ in items)]  # fmt: skip
+    assert len(holders) == 2, "the save relied on a pack that is about to be deleted"
+
+    a.admin.collect_garbage(TENANT)
+    b = daemons("b")
+    assert b.checkpoints.load_state(TENANT, "new").data == data
+    assert b.admin.verify(TENANT).ok

@@ -370,7 +370,14 @@ def cmd_gc(ctl: Ctl, args: argparse.Namespace) -> int:
     ctl.emit(
         to_dict(report),
         f"removed {report.objects_removed} objects ({human_bytes(report.bytes_freed)}), "
-        f"kept {report.objects_kept}, in {report.seconds:.2f}s",
+        f"kept {report.objects_kept}, in {report.seconds:.2f}s"
+        + (
+            f"; object storage: deleted {report.remote_packs_deleted} packs "
+            f"({human_bytes(report.remote_bytes_freed)}), condemned "
+            f"{report.remote_packs_condemned}"
+            if report.remote_packs_deleted or report.remote_packs_condemned
+            else ""
+        ),
     )
     return EXIT_OK
 

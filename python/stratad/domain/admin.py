@@ -19,6 +19,10 @@ class GcReport:
     bytes_freed: int = 0
     objects_kept: int = 0
     seconds: float = 0.0
+    #: In object storage, when the daemon replicates (see docs/replication.md).
+    remote_packs_deleted: int = 0
+    remote_bytes_freed: int = 0
+    remote_packs_condemned: int = 0
 
 
 @dataclass
@@ -97,8 +101,18 @@ class Admin:
         started = time.monotonic()
         for store in self._tenants(tenant):
             self._collect_tenant(store, report)
+            self._collect_remote(store.name, report)
         report.seconds = time.monotonic() - started
         return report
+
+    def _collect_remote(self, tenant: str, report: GcReport) -> None:
+        replicator = self.sessions.replicator
+        if replicator is None:
+            return
+        remote = replicator.collect_remote(tenant)
+        report.remote_packs_deleted += remote.packs_deleted
+        report.remote_bytes_freed += remote.bytes_freed
+        report.remote_packs_condemned += remote.packs_condemned
 
     def _collect_tenant(self, store: TenantStore, report: GcReport) -> None:
         with store.gc_running:

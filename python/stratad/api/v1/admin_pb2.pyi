@@ -230,10 +230,20 @@ class CollectGarbageResponse(_message.Message):
     BYTES_FREED_FIELD_NUMBER: _builtins.int
     OBJECTS_KEPT_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    REMOTE_PACKS_DELETED_FIELD_NUMBER: _builtins.int
+    REMOTE_BYTES_FREED_FIELD_NUMBER: _builtins.int
+    REMOTE_PACKS_CONDEMNED_FIELD_NUMBER: _builtins.int
     objects_removed: _builtins.int
     bytes_freed: _builtins.int
     objects_kept: _builtins.int
     seconds: _builtins.float
+    remote_packs_deleted: _builtins.int
+    """With replication: packs deleted from object storage (condemned by an
+    earlier collection at least replication_gc_grace_seconds ago).
+    """
+    remote_bytes_freed: _builtins.int
+    remote_packs_condemned: _builtins.int
+    """With replication: unreferenced packs condemned now, deleted by a later run."""
     def __init__(
         self,
         *,
@@ -241,10 +251,13 @@ class CollectGarbageResponse(_message.Message):
         bytes_freed: _builtins.int = ...,
         objects_kept: _builtins.int = ...,
         seconds: _builtins.float = ...,
+        remote_packs_deleted: _builtins.int = ...,
+        remote_bytes_freed: _builtins.int = ...,
+        remote_packs_condemned: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_freed", b"bytes_freed", "objects_kept", b"objects_kept", "objects_removed", b"objects_removed", "seconds", b"seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_freed", b"bytes_freed", "objects_kept", b"objects_kept", "objects_removed", b"objects_removed", "remote_bytes_freed", b"remote_bytes_freed", "remote_packs_condemned", b"remote_packs_condemned", "remote_packs_deleted", b"remote_packs_deleted", "seconds", b"seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

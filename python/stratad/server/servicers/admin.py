@@ -42,6 +42,9 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
             bytes_freed=report.bytes_freed,
             objects_kept=report.objects_kept,
             seconds=report.seconds,
+            remote_packs_deleted=report.remote_packs_deleted,
+            remote_bytes_freed=report.remote_bytes_freed,
+            remote_packs_condemned=report.remote_packs_condemned,
         )
 
     async def GetStoreStats(
