@@ -31,6 +31,8 @@ unix:{{ .Values.stratad.socketDir }}/stratad.sock
 {{/* stratad.toml: the computed addresses, then the user's keys. */}}
 {{- define "stratad.config" -}}
 {{- $config := dict "listen" (printf "0.0.0.0:%d" (int .Values.stratad.grpcPort)) "data_dir" "/var/lib/stratad" -}}
+{{- /* Plaintext on the pod IP (kubelet's gRPC probes): the NetworkPolicy keeps other pods off it. */ -}}
+{{- $_ := set $config "allow_insecure" true -}}
 {{- if .Values.stratad.socketDir -}}
 {{- $_ := set $config "listen_unix" (printf "%s/stratad.sock" .Values.stratad.socketDir) -}}
 {{- end -}}
