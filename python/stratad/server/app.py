@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from stratad import __version__
 from stratad.config import Config
 from stratad.errors import UnavailableError
+from stratad.server.auth import auth_interceptor
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
 from stratad.server.metrics import Metrics
 from stratad.server.registry import SERVICES, Resources, ServiceRegistration, open_resources
@@ -66,7 +67,7 @@ class StratadServer:
         self._resources = resources
         #: The address clients dial: the listen address with the real port.
         self.address = address
-        #: Every service listed by reflection, health and reflection included.
+        #: Every service served: the application services, health, reflection if on.
         self.service_names = tuple(service_names)
         #: Every address served: `address`, then the unix socket (listen_unix) if any.
         self.addresses = tuple(addresses) or (address,)
@@ -109,15 +110,22 @@ async def start_server(
     observers: list[CallObserver] = [metrics] if metrics is not None else []
     server = grpc.aio.server(
         # Requests first: it sees the status ErrorInterceptor made of an exception.
-        interceptors=[RequestInterceptor(observers), ErrorInterceptor()],
+        # Auth after errors: a refusal is an exception that becomes its status.
+        interceptors=[
+            RequestInterceptor(observers),
+            ErrorInterceptor(),
+            auth_interceptor(config.auth, config.auth_tokens_file),
+        ],
         options=server_options(config),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
     )
     app_names = [_add_service(server, registration, resources) for registration in services]
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    all_names = [*app_names, HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME]
-    reflection.enable_server_reflection(all_names, server)
+    all_names = [*app_names, HEALTH_SERVICE_NAME]
+    if config.reflection:
+        all_names.append(REFLECTION_SERVICE_NAME)
+        reflection.enable_server_reflection(all_names, server)
     tls = certificate_files(config)
     address = _bind(server, config.listen, tls)
     addresses = [address]
