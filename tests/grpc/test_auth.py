@@ -463,3 +463,27 @@ def test_admin_calls_are_audited_with_auth_off(
         Caller(channel, tenant="t1").create("s1")
     (line,) = audit_lines(caplog)
     assert (line["identity"], line["tenant"], line["code"]) == ("anonymous", "t1", "OK")
+
+
+def test_the_request_log_shows_the_tenant_of_the_credential(
+    secured: Callable[..., Secured], caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = secured()
+    with caplog.at_level(logging.DEBUG, logger="stratad.requests"):
+        daemon.caller(AGENT_TOKEN).create("s1")  # no header: the token's tenant
+        daemon.caller(ADMIN_TOKEN).stats()  # an admin's own tenant
+        with pytest.raises(grpc.RpcError):
+            daemon.caller(AGENT_TOKEN, tenant="globex").get("s1")  # refused: as asked
+        # The server may log a call just after its status went out: one more call.
+        daemon.caller(AGENT_TOKEN).get("s1")
+    logged = [
+        (getattr(r, "method", "").rpartition("/")[2], getattr(r, "tenant", ""))
+        for r in caplog.records
+        if r.name == "stratad.requests"
+    ]
+    assert set(logged) == {
+        ("CreateSession", "acme"),
+        ("GetStoreStats", "ops"),
+        ("GetSession", "globex"),
+        ("GetSession", "acme"),
+    }

@@ -45,6 +45,7 @@ from grpc_health.v1 import health_pb2
 from stratad.config import AuthMode, ConfigError
 from stratad.domain.ids import validate_id
 from stratad.errors import PermissionDeniedError, StratadError, UnauthenticatedError
+from stratad.server.interceptors import settle_tenant
 
 _log = logging.getLogger(__name__)
 audit_log = logging.getLogger("stratad.audit")
@@ -286,6 +287,8 @@ class _Call:
     ) -> None:
         self.method, self.identity, self.tenant, self.audited = method, identity, tenant, audited
         self._token = _authenticated_tenant.set(tenant) if settle else None
+        if settle:
+            settle_tenant(tenant)  # for the request log and the per-tenant metrics
 
     def finish(self, context: Any, exc: BaseException | None) -> None:
         if self._token is not None:
