@@ -64,12 +64,20 @@ class Engine:
         self.replicator: Replicator | None = None
 
     def replicate_to(
-        self, remote: RemoteTier, *, mode: str, node_id: str, lag: float, lease: float
+        self,
+        remote: RemoteTier,
+        *,
+        mode: str,
+        node_id: str,
+        lag: float,
+        lease: float,
+        gc_grace: float = 3600.0,
     ) -> Replicator:
         """Replicate sessions to `remote` (call before `open`); see domain/replication.py."""
         self.replicator = Replicator(
-            self.sessions, remote, mode=mode, node_id=node_id, lag=lag, lease=lease
-        )
+            self.sessions, remote, mode=mode, node_id=node_id, lag=lag, lease=lease,
+            gc_grace=gc_grace,
+        )  # fmt: skip
         self.sessions.replicator = self.replicator
         self.store.on_new_object(self.replicator.object_added)
         return self.replicator

@@ -365,11 +365,10 @@ class SessionManager:
             raise InvalidArgumentError("page_size must not be negative")
         page_size = min(page_size or 100, 1000)
         after = decode_token(page_token)
-        ids = sorted(
-            s.state.session_id
-            for s in self.sessions_of(tenant)
-            if s.state.session_id.startswith(prefix) and s.state.session_id > after
-        )
+        known = {s.state.session_id for s in self.sessions_of(tenant)}
+        if self.replicator is not None:  # sessions other daemons wrote are listed too
+            known.update(self.replicator.remote.list_sessions(tenant))
+        ids = sorted(i for i in known if i.startswith(prefix) and i > after)
         page = []
         for session_id in ids[:page_size]:
             with contextlib.suppress(NotFoundError, DataLossError):

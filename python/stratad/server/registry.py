@@ -81,6 +81,7 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
                 node_id=config.node_id or default_node_id(),
                 lag=config.replication_lag_ms / 1000,
                 lease=config.replication_lease_ms / 1000,
+                gc_grace=config.replication_gc_grace_seconds,
             )
         engine.open()  # recovery: replay journals, cut torn tails, restore objects
         executor = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="stratad-worker")

@@ -118,7 +118,11 @@ def read_records(path: Path) -> ReplayResult:
     bytes is corruption of acknowledged data: `corrupt_at` is set and the
     records before it are returned.
     """
-    data = path.read_bytes()
+    return parse_records(path.read_bytes())
+
+
+def parse_records(data: bytes) -> ReplayResult:
+    """`read_records` of journal bytes held in memory (e.g. a replicated segment)."""
     records: list[Record] = []
     pos = 0
     while pos < len(data):
