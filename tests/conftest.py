@@ -12,6 +12,8 @@
   temporary data directory and returns an `InProcessServer` (``.target``,
   ``.server``, ``.resources``, ``.run(coro)``, ``.stop(grace)``); every server
   still running at the end of the test is stopped.
+- ``pki``: a test CA (`tests/pki.py`) writing its certificates under tmp_path;
+  ``pki.server()``, ``pki.client(name)``; ``new_pki(name)`` makes another CA.
 - ``s3_server``: a real S3 server (SeaweedFS, `scripts/s3-test-server.sh`) with
   bucket ``stratad-test``, shared by the session; each test gets its own
   `S3Server` view with a fresh key ``.prefix`` (``.endpoint``, ``.bucket``,
@@ -41,6 +43,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from obstore.store import S3Store
+from pki import Pki
 
 from stratad.config import Config
 from stratad.server.app import StratadServer, start_server
@@ -209,6 +212,19 @@ def inprocess_server(tmp_path: Path) -> Iterator[Callable[..., InProcessServer]]
     yield start
     for server in started:
         server.stop(grace=0)
+
+
+@pytest.fixture
+def new_pki(tmp_path: Path) -> Callable[[str], Pki]:
+    def make(name: str) -> Pki:
+        return Pki(tmp_path / "pki" / name.replace(" ", "-"), name)
+
+    return make
+
+
+@pytest.fixture
+def pki(new_pki: Callable[[str], Pki]) -> Pki:
+    return new_pki("stratad test CA")
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

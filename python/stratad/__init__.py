@@ -16,16 +16,17 @@ except PackageNotFoundError:  # running from a source tree without an install
 
 if TYPE_CHECKING:
     from stratad.sdk.client import AsyncClient, Client
+    from stratad.sdk.connection import TLSConfig
 
 
 def __getattr__(name: str) -> Any:
     # The SDK pulls in grpc stubs and the native core; import it on first use
     # so `import stratad` (e.g. for the CLI's --version) stays light.
-    if name in ("Client", "AsyncClient"):
+    if name in ("Client", "AsyncClient", "TLSConfig"):
         from stratad import sdk
 
         return getattr(sdk, name)
     raise AttributeError(f"module 'stratad' has no attribute {name!r}")
 
 
-__all__ = ["AsyncClient", "Client", "__version__"]
+__all__ = ["AsyncClient", "Client", "TLSConfig", "__version__"]

@@ -11,6 +11,7 @@ same way everywhere: as a `ConfigError` naming the key and where it came from.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import tomllib
 from collections.abc import Callable, Mapping
@@ -24,11 +25,13 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LogFormat = Literal["text", "json"]
 Durability = Literal["fsync", "interval", "none"]
 Replication = Literal["off", "async", "sync"]
+AuthMode = Literal["off", "token", "mtls", "token_or_mtls"]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS: Final = ("text", "json")
 DURABILITY_MODES: Final = ("fsync", "interval", "none")
 REPLICATION_MODES: Final = ("off", "async", "sync")
+AUTH_MODES: Final = ("off", "token", "mtls", "token_or_mtls")
 ENV_PREFIX: Final = "STRATAD_"
 CONFIG_FILE_ENV: Final = "STRATAD_CONFIG"
 MIB: Final = 1024 * 1024
@@ -51,16 +54,29 @@ class Config:
     log_format: LogFormat = "text"
     grace_period: float = 10.0
     max_message_bytes: int = 64 * MIB
-    max_concurrent_rpcs: int = 0
+    max_concurrent_rpcs: int = 256
+    max_inflight_bytes: int = 256 * MIB
+    max_tenant_stored_bytes: int = 0
+    max_tenant_sessions: int = 0
+    max_session_checkpoints: int = 0
     durability: Durability = "fsync"
     fsync_interval_ms: int = 100
     metrics_listen: str = "127.0.0.1:9464"
     metrics_stats_interval: float = 30.0
+    metrics_tenant_labels: int = 0
     replication: Replication = "off"
     remote_url: str = ""
     replication_lag_ms: int = 1000
     replication_lease_ms: int = 10_000
+    replication_gc_grace_seconds: float = 3600.0
     node_id: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    allow_insecure: bool = False
+    auth: AuthMode = "off"
+    auth_tokens_file: str = ""
+    reflection: bool = True
 
     def __post_init__(self) -> None:
         # Code (tests, embedders) may build a Config directly: hold it to the
@@ -70,10 +86,57 @@ class Config:
             object.__setattr__(self, option.name, value)
         if self.replication != "off" and not self.remote_url:
             raise ConfigError(f"replication = {self.replication!r} needs a remote_url")
+        _check_security(self)
 
     @property
     def is_unix_socket(self) -> bool:
         return self.listen.startswith("unix:")
+
+    @property
+    def tls(self) -> bool:
+        """Whether the TCP listener serves TLS (the unix socket never does)."""
+        return bool(self.tls_cert_file)
+
+    @property
+    def plaintext_exposed(self) -> bool:
+        """Plaintext gRPC on a TCP address other hosts may reach."""
+        return not self.tls and not self.is_unix_socket and not is_loopback(self.listen)
+
+
+def _check_security(config: Config) -> None:
+    """The rules that tie the TLS and auth keys together (see docs/security.md)."""
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise ConfigError("tls_cert_file and tls_key_file go together: set both or neither")
+    if config.tls_client_ca_file and not config.tls:
+        raise ConfigError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")
+    if config.auth != "off" and not config.auth_tokens_file:
+        raise ConfigError(f"auth = {config.auth!r} needs auth_tokens_file")
+    if config.auth in ("mtls", "token_or_mtls") and not config.tls_client_ca_file:
+        raise ConfigError(
+            f"auth = {config.auth!r} identifies clients by certificate: set tls_client_ca_file"
+        )
+    if config.plaintext_exposed and not config.allow_insecure:
+        raise ConfigError(
+            f"listen = {config.listen!r} would serve plaintext gRPC beyond this host: "
+            "set tls_cert_file and tls_key_file, listen on 127.0.0.1 or a unix socket, "
+            "or set allow_insecure = true if the network is otherwise closed "
+            "(a pod behind a NetworkPolicy)"
+        )
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether a HOST:PORT listen address only accepts connections from this host.
+
+    Host names other than ``localhost`` count as reachable: they may resolve
+    to any interface.
+    """
+    host = listen.rpartition(":")[0].removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # --- value parsers ----------------------------------------------------------
@@ -149,6 +212,29 @@ def _parse_node_id(raw: object) -> str:
     if len(value) > 128 or any(not (ch.isalnum() or ch in "-_.:") for ch in value):
         raise ValueError("at most 128 letters, digits and - _ . :")
     return value
+
+
+def _parse_file(raw: object) -> str:
+    """An optional file path: "" (or off/none) = not set."""
+    value = (str(raw) if isinstance(raw, Path) else _parse_str(raw)).strip()
+    if value.lower() in _OFF:
+        return ""
+    return str(Path(value).expanduser())
+
+
+_TRUE: Final = ("true", "yes", "on", "1")
+_FALSE: Final = ("false", "no", "off", "0")
+
+
+def _parse_bool(raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = _parse_str(raw).strip().lower() if isinstance(raw, str) else None
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"expected true or false, got {raw!r}")
 
 
 def _parse_path(raw: object) -> Path:
@@ -269,7 +355,33 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "max_concurrent_rpcs",
         _number(int, 0, MAX_GRPC_MESSAGE_BYTES),
-        "calls served at once before new ones get RESOURCE_EXHAUSTED; 0 = no limit",
+        "calls served at once (watch streams included) before new ones get "
+        "RESOURCE_EXHAUSTED; 0 = no limit",
+        "N",
+    ),
+    Option(
+        "max_inflight_bytes",
+        _number(int, 0),
+        "memory budget of the requests being processed; a request that does not fit gets "
+        "RESOURCE_EXHAUSTED (reason OVERLOADED, retryable); 0 = no budget",
+        "BYTES",
+    ),
+    Option(
+        "max_tenant_stored_bytes",
+        _number(int, 0),
+        "quota: bytes a tenant's sessions may keep on disk (objects and journals); 0 = no quota",
+        "BYTES",
+    ),
+    Option(
+        "max_tenant_sessions",
+        _number(int, 0),
+        "quota: sessions a tenant may have; 0 = no quota",
+        "N",
+    ),
+    Option(
+        "max_session_checkpoints",
+        _number(int, 0),
+        "quota: checkpoints one session may hold (retention drops count); 0 = no quota",
         "N",
     ),
     Option(
@@ -300,6 +412,13 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "SECONDS",
     ),
     Option(
+        "metrics_tenant_labels",
+        _number(int, 0),
+        "label per-tenant metrics (GC, Verify) with the first N tenants seen; the others "
+        'are counted under tenant="_other"; 0 = no tenant names in metrics',
+        "N",
+    ),
+    Option(
         "replication",
         _choice(*REPLICATION_MODES),
         "replicate sessions to object storage (remote_url): off, async (shipped within "
@@ -326,10 +445,63 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "MS",
     ),
     Option(
+        "replication_gc_grace_seconds",
+        _number(float, 0),
+        "CollectGarbage in object storage: seconds between condemning an unreferenced pack "
+        "and deleting it; longer than any daemon may hold writes it has not shipped",
+        "SECONDS",
+    ),
+    Option(
         "node_id",
         _parse_node_id,
         "this daemon's name in session leases; default: host name and process ID",
         "NAME",
+    ),
+    Option(
+        "tls_cert_file",
+        _parse_file,
+        "PEM certificate (chain) the TCP listener serves TLS with; re-read when it changes; "
+        "empty = plaintext",
+        "FILE",
+    ),
+    Option(
+        "tls_key_file",
+        _parse_file,
+        "PEM private key of tls_cert_file; re-read when it changes",
+        "FILE",
+    ),
+    Option(
+        "tls_client_ca_file",
+        _parse_file,
+        "mTLS: PEM CA certificates; TLS clients must present a certificate one of them "
+        "signed; re-read when it changes; empty = no client certificates",
+        "FILE",
+    ),
+    Option(
+        "allow_insecure",
+        _parse_bool,
+        "allow plaintext gRPC on a non-loopback listen address (without TLS)",
+        "BOOL",
+    ),
+    Option(
+        "auth",
+        _choice(*AUTH_MODES),
+        "who may call: off (anyone; tenant from x-stratad-tenant), token (bearer tokens), "
+        "mtls (client certificates) or token_or_mtls; identities in auth_tokens_file",
+        "MODE",
+    ),
+    Option(
+        "auth_tokens_file",
+        _parse_file,
+        "TOML or JSON file mapping token SHA-256 digests and client certificate names to "
+        "tenant and role; re-read when it changes",
+        "FILE",
+    ),
+    Option(
+        "reflection",
+        _parse_bool,
+        "serve gRPC server reflection (with auth on, to authenticated callers only)",
+        "BOOL",
     ),
 )
 OPTIONS_BY_NAME: Final = {option.name: option for option in OPTIONS}
@@ -410,8 +582,10 @@ def _from_file(path: Path) -> dict[str, object]:
 
 
 __all__ = [
+    "AUTH_MODES",
     "CONFIG_FILE_ENV",
     "OPTIONS",
+    "AuthMode",
     "Config",
     "ConfigError",
     "Durability",
@@ -419,5 +593,6 @@ __all__ = [
     "LogLevel",
     "Option",
     "Replication",
+    "is_loopback",
     "load_config",
 ]

@@ -51,6 +51,7 @@ def test_metrics_and_request_log_after_traffic(
     daemon = start_daemon(
         "--metrics-listen", metrics,
         "--metrics-stats-interval", "0",
+        "--metrics-tenant-labels", "5",
         "--log-level", "debug",
         "--log-format", "json",
     )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,8 @@ import grpc
 import pytest
 
 from stratad.api.v1 import checkpoint_pb2, common_pb2, session_pb2
+from stratad.domain import events
+from stratad.sdk.client import error_info
 
 if TYPE_CHECKING:
     from conftest import Api
@@ -413,3 +416,34 @@ def test_watch_of_another_tenants_session_is_not_found(api: Api) -> None:
     with pytest.raises(grpc.RpcError) as excinfo:
         next(stream)
     assert excinfo.value.code() == NOT_FOUND  # type: ignore[attr-defined]
+
+
+def test_a_watcher_that_falls_behind_is_ended_with_its_resume_point(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watcher not reading its stream must not queue events without bound."""
+    monkeypatch.setattr(events, "WATCH_QUEUE_EVENTS", 4)
+    api.create("w")
+    mutate_a_few_times(api, "w")  # versions 2..6
+    stream = watch(api, "w", from_version=1)
+    assert [v for v, _ in take(stream, 5)] == [2, 3, 4, 5, 6]  # subscribed, read up to 6
+
+    async def burst() -> None:  # more events than its queue holds, before it can take one
+        hub = api.server.resources.engine.events
+        for n in range(5):
+            hub.publish(("default", "w"), events.SessionEvent(100 + n, "save", time.time()))
+
+    api.server.run(burst())
+    with pytest.raises(grpc.RpcError) as raised:
+        next(stream)
+    error: Any = raised.value
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "from_version=6" in error.details()
+    info = error_info(error)
+    assert info is not None and info.reason == "WATCHER_TOO_SLOW"
+    assert info.metadata["resume_from_version"] == "6"
+    # Watching again from the resume point misses nothing.
+    again = watch(api, "w", from_version=6)
+    api.save("w", b"next")
+    assert take(again, 1) == [(7, "save")]
+    again.cancel()

@@ -56,15 +56,28 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "grace_period": "2.5",
         "max_message_bytes": "1024",
         "max_concurrent_rpcs": "8",
+        "max_inflight_bytes": "1048576",
+        "max_tenant_stored_bytes": "4096",
+        "max_tenant_sessions": "3",
+        "max_session_checkpoints": "7",
         "durability": "interval",
         "fsync_interval_ms": "50",
         "metrics_listen": "localhost:9090",
         "metrics_stats_interval": "5",
+        "metrics_tenant_labels": "10",
         "replication": "sync",
         "remote_url": "s3://bucket/prefix",
         "replication_lag_ms": "250",
         "replication_lease_ms": "5000",
+        "replication_gc_grace_seconds": "600",
         "node_id": "pod-1",
+        "tls_cert_file": "/etc/stratad/tls/tls.crt",
+        "tls_key_file": "/etc/stratad/tls/tls.key",
+        "tls_client_ca_file": "/etc/stratad/tls/ca.crt",
+        "allow_insecure": "true",
+        "auth": "token_or_mtls",
+        "auth_tokens_file": "/etc/stratad/auth/tokens.toml",
+        "reflection": "false",
     }
     assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
     if layer == "file":
@@ -85,15 +98,28 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         grace_period=2.5,
         max_message_bytes=1024,
         max_concurrent_rpcs=8,
+        max_inflight_bytes=1048576,
+        max_tenant_stored_bytes=4096,
+        max_tenant_sessions=3,
+        max_session_checkpoints=7,
         durability="interval",
         fsync_interval_ms=50,
         metrics_listen="localhost:9090",
         metrics_stats_interval=5.0,
+        metrics_tenant_labels=10,
         replication="sync",
         remote_url="s3://bucket/prefix",
         replication_lag_ms=250,
         replication_lease_ms=5000,
+        replication_gc_grace_seconds=600.0,
         node_id="pod-1",
+        tls_cert_file="/etc/stratad/tls/tls.crt",
+        tls_key_file="/etc/stratad/tls/tls.key",
+        tls_client_ca_file="/etc/stratad/tls/ca.crt",
+        allow_insecure=True,
+        auth="token_or_mtls",
+        auth_tokens_file="/etc/stratad/auth/tokens.toml",
+        reflection=False,
     )
 
 
@@ -178,6 +204,9 @@ def test_config_error_is_an_invalid_argument_error() -> None:
         ("metrics_listen", "unix:/tmp/m.sock"),
         ("metrics_listen", "127.0.0.1:99999"),
         ("metrics_stats_interval", "-1"),
+        ("allow_insecure", "maybe"),
+        ("reflection", "2"),
+        ("auth", "password"),
     ],
 )
 @pytest.mark.parametrize("layer", ["flag", "env", "file"])
@@ -220,7 +249,8 @@ def test_wrongly_typed_toml_values(tmp_path: Path, toml: str, key: str) -> None:
     ["127.0.0.1:0", "0.0.0.0:65535", "[::1]:50051", "[::]:0", "localhost:50051", "unix:/tmp/s"],
 )
 def test_valid_listen_addresses(listen: str) -> None:
-    assert load_config(flags={"listen": listen}).listen == listen
+    flags = {"listen": listen, "allow_insecure": "true"}
+    assert load_config(flags=flags).listen == listen
 
 
 def test_choices_are_case_insensitive() -> None:
@@ -275,3 +305,50 @@ def test_off_through_the_environment() -> None:
 def test_listen_unix_is_normalized_to_a_unix_address(raw: str, expected: str) -> None:
     assert load_config({"listen_unix": raw}).listen_unix == expected
     assert Config(listen_unix=expected).listen_unix == expected  # idempotent
+
+
+# --- TLS, auth and plaintext exposure ---------------------------------------------------
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:50051", "[::]:50051", "10.1.2.3:1", "stratad:50051"])
+def test_plaintext_beyond_loopback_needs_allow_insecure(listen: str) -> None:
+    with pytest.raises(ConfigError, match="allow_insecure") as excinfo:
+        load_config(flags={"listen": listen})
+    assert listen in excinfo.value.message
+    assert load_config(flags={"listen": listen, "allow_insecure": "yes"}).plaintext_exposed
+    tls = {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"}
+    assert not load_config(flags={"listen": listen, **tls}).plaintext_exposed
+
+
+@pytest.mark.parametrize(
+    "listen", ["127.0.0.1:50051", "127.9.9.9:1", "[::1]:50051", "localhost:50051", "unix:/s"]
+)
+def test_plaintext_on_loopback_and_unix_sockets_is_the_default(listen: str) -> None:
+    assert not load_config(flags={"listen": listen}).plaintext_exposed
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"tls_cert_file": "/c.pem"}, "tls_key_file"),
+        ({"tls_key_file": "/k.pem"}, "tls_cert_file"),
+        ({"tls_client_ca_file": "/ca.pem"}, "tls_cert_file"),
+        ({"auth": "token"}, "auth_tokens_file"),
+        ({"auth": "mtls", "auth_tokens_file": "/t.toml"}, "tls_client_ca_file"),
+        ({"auth": "token_or_mtls", "auth_tokens_file": "/t.toml"}, "tls_client_ca_file"),
+    ],
+)
+def test_security_keys_that_need_each_other(fields: dict[str, str], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        Config(**fields)  # type: ignore[arg-type]
+
+
+def test_security_defaults() -> None:
+    config = Config()
+    assert (config.tls, config.auth, config.allow_insecure, config.reflection) == (
+        False,
+        "off",
+        False,
+        True,
+    )
+    assert Config(tls_cert_file="off", auth_tokens_file="none").tls_cert_file == ""

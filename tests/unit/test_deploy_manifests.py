@@ -42,7 +42,8 @@ def plain_docs() -> list[Doc]:
 
 
 def _helm() -> str | None:
-    local = ROOT / ".tools" / "bin" / "helm"
+    # Where scripts/check_deploy.sh installs it (STRATAD_TOOLS_DIR, else .tools).
+    local = Path(os.environ.get("STRATAD_TOOLS_DIR") or ROOT / ".tools") / "bin" / "helm"
     return str(local) if local.exists() else shutil.which("helm")
 
 
@@ -102,6 +103,19 @@ def config_of(docs: list[Doc], pod: Doc, tmp_path: Path) -> Config:
     return load_config(config_file=toml)  # raises ConfigError naming a bad key
 
 
+MIB = 1 << 20
+_BINARY_SUFFIXES = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+def quantity(value: str | int) -> int:
+    """A Kubernetes memory quantity in bytes (the binary suffixes, or a plain number)."""
+    text = str(value)
+    for suffix, factor in _BINARY_SUFFIXES.items():
+        if text.endswith(suffix):
+            return int(text.removesuffix(suffix)) * factor
+    return int(text)
+
+
 def port_of(address: str) -> int:
     return int(address.rpartition(":")[2])
 
@@ -121,8 +135,8 @@ def check_workload(docs: list[Doc], workload: Doc, tmp_path: Path) -> None:
     ports = {p["name"]: p["containerPort"] for p in stratad["ports"]}
     assert ports["grpc"] == grpc_port
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert stratad[probe]["grpc"]["port"] == grpc_port, probe
-        assert "service" not in stratad[probe]["grpc"]  # "" = the whole server
+        check_probe(stratad[probe], config, grpc_port, probe)
+    check_security(pod, stratad, config)
 
     # Metrics on the port the config names, and annotated for scraping.
     if config.metrics_listen:
@@ -146,6 +160,11 @@ def check_workload(docs: list[Doc], workload: Doc, tmp_path: Path) -> None:
         for kind in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(c["resources"][kind]), (c["name"], kind)
     assert pod.get("automountServiceAccountToken") is False
+
+    # The in-flight budget fits in the container, with room for the daemon
+    # itself and the objects not yet written (docs/limits.md).
+    memory_limit = quantity(stratad["resources"]["limits"]["memory"])
+    assert 0 < config.max_inflight_bytes <= memory_limit - 128 * MIB
 
     # The pod outlives stratad's drain (and the agent's own shutdown).
     assert pod["terminationGracePeriodSeconds"] >= config.grace_period + 15
@@ -177,6 +196,60 @@ def check_workload(docs: list[Doc], workload: Doc, tmp_path: Path) -> None:
         assert "emptyDir" in socket_volume
     else:
         assert address == f"127.0.0.1:{grpc_port}"
+
+
+def check_probe(probe: Doc, config: Config, grpc_port: int, name: str) -> None:
+    """gRPC health on the port; with TLS (which kubelet's gRPC probes cannot speak),
+    `stratad ctl health` on the plaintext unix socket."""
+    if not config.tls:
+        assert probe["grpc"]["port"] == grpc_port, name
+        assert "service" not in probe["grpc"]  # "" = the whole server
+        return
+    assert config.listen_unix, "a TLS probe needs the unix socket"
+    command = probe["exec"]["command"]
+    assert command[:2] == ["stratad", "ctl"] and command[-1] == "health", name
+    assert command[command.index("--address") + 1] == config.listen_unix, name
+    assert probe.get("timeoutSeconds", 1) >= 5, name  # a Python process per probe
+
+
+def mounted_files(pod: Doc, container: Doc) -> dict[str, Doc]:
+    """Mount path -> the pod volume mounted there."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {m["mountPath"]: volumes.get(m["name"], {}) for m in container["volumeMounts"]}
+
+
+def check_security(pod: Doc, stratad: Doc, config: Config) -> None:
+    """Plaintext beyond loopback only if asked for; TLS and identity files from Secrets."""
+    assert config.allow_insecure != config.tls  # plaintext on the pod IP is an explicit choice
+    mounts = mounted_files(pod, stratad)
+    secret_files = [config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file]
+    for path in [*secret_files, config.auth_tokens_file]:
+        if path:
+            volume = mounts[str(Path(path).parent)]
+            assert "secret" in volume, path
+            # A subPath mount would never see the Secret's updates: no reloads.
+            assert all("subPath" not in m for m in stratad["volumeMounts"])
+    agent = pod["containers"][0]
+    token_file = next((e["value"] for e in agent["env"] if e["name"] == "STRATAD_TOKEN_FILE"), "")
+    if token_file:
+        assert "secret" in mounted_files(pod, agent)[str(Path(token_file).parent)]
+
+
+def test_chart_refuses_tls_without_probes_and_grpc_ingress_without_auth(tmp_path: Path) -> None:
+    helm = _helm()
+    if helm is None:
+        pytest.skip("helm not installed (make deploy-check installs it into .tools/)")
+    base = [helm, "template", "stratad", str(CHART), "--kube-version", "1.29.0"]
+    cases = {
+        "stratad.socketDir": ["tls.enabled=true", "tls.secretName=s", "stratad.socketDir="],
+        "networkPolicy.grpcFrom": ["networkPolicy.grpcFrom[0].podSelector.matchLabels.a=b"],
+        "tls.clientAuth": ["auth.mode=mtls", "auth.tokensSecret=t"],
+        "set from the chart's tls and auth values": ["stratad.config.allow_insecure=false"],
+    }
+    for words, settings in cases.items():
+        args = [*base, *(a for setting in settings for a in ("--set", setting))]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode != 0 and words in result.stderr, (settings, result.stderr)
 
 
 def check_docs(docs: list[Doc], tmp_path: Path) -> set[str]:
@@ -211,6 +284,7 @@ def test_plain_network_policy_admits_only_the_metrics_port() -> None:
 def test_image_config_is_valid_and_serves_on_the_pod_ip() -> None:
     config = load_config(config_file=ROOT / "deploy" / "docker" / "stratad.toml")
     assert config.listen == "0.0.0.0:50051"
+    assert config.allow_insecure  # for kubelet's gRPC probes, which cannot speak TLS
     assert str(config.data_dir) == DATA_DIR
     assert config.metrics_listen == "0.0.0.0:9464"
     assert config.listen_unix == ""  # a read-only root filesystem has no place for it

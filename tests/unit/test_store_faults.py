@@ -149,10 +149,13 @@ class DiskFull:
         self.object_files = False
         self.failures = 0
         self._real_write = os.write
+        self._real_writev = os.writev
         self._real_open = open
         self._partial_written = False
-        # store/journal.py appends with os.write; only journal fds are failed.
+        # store/journal.py appends with os.writev (os.write elsewhere); only
+        # journal fds are failed.
         monkeypatch.setattr(os, "write", self._write)
+        monkeypatch.setattr(os, "writev", self._writev)
         monkeypatch.setattr(objects_module, "open", self._open, raising=False)
 
     def _error(self) -> OSError:
@@ -166,6 +169,11 @@ class DiskFull:
                 return self._real_write(fd, bytes(data[: len(data) // 2]))
             raise self._error()
         return self._real_write(fd, data)
+
+    def _writev(self, fd: int, buffers: Any) -> int:
+        if self.journal_appends and _is_journal(fd):
+            return self._write(fd, b"".join(buffers))
+        return self._real_writev(fd, buffers)
 
     def _open(self, file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         f = self._real_open(file, mode, *args, **kwargs)

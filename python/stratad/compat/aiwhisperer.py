@@ -70,7 +70,8 @@ from typing import Any
 from stratad import native
 from stratad.api.v1 import task_pb2, task_pb2_grpc
 from stratad.errors import AlreadyExistsError, NotFoundError
-from stratad.sdk.client import DEFAULT_ADDRESS, Client
+from stratad.sdk.client import Client
+from stratad.sdk.connection import TLSConfig
 from stratad.server.servicers.values import to_py, to_value
 
 __all__ = [
@@ -97,9 +98,11 @@ StrPath = str | os.PathLike[str]
 
 @dataclass(frozen=True)
 class _Settings:
-    address: str
+    address: str | None  # None: $STRATAD_ADDRESS or 127.0.0.1:50051
     tenant: str
     keep_last: int
+    token: str | None = None
+    tls: TLSConfig | bool | None = None
 
 
 _lock = threading.Lock()
@@ -111,10 +114,17 @@ _client: Client | None = None
 
 
 def configure(
-    address: str | None = None, tenant: str = "", *, keep_last: int = DEFAULT_KEEP_LAST
+    address: str | None = None,
+    tenant: str = "",
+    *,
+    keep_last: int = DEFAULT_KEEP_LAST,
+    token: str | None = None,
+    tls: TLSConfig | bool | None = None,
 ) -> None:
     """Point the module at a daemon (``address`` None: ``$STRATAD_ADDRESS`` or
-    ``127.0.0.1:50051``) acting as ``tenant`` (empty: the daemon's default).
+    ``127.0.0.1:50051``) acting as ``tenant`` (empty: ``$STRATAD_TENANT``, else
+    the daemon's default), with a bearer ``token`` and ``tls`` (None: the
+    STRATAD_TOKEN and STRATAD_TLS* variables; see `stratad.sdk.connection`).
 
     ``keep_last`` is the checkpoint history kept per path (0 keeps all); it
     applies to sessions created from now on. Any open connection is closed.
@@ -124,7 +134,7 @@ def configure(
     global _settings
     with _lock:
         _close_locked()
-        _settings = _Settings(address or _default_address(), tenant, keep_last)
+        _settings = _Settings(address, tenant, keep_last, token, tls)
 
 
 def close() -> None:
@@ -140,18 +150,15 @@ def _close_locked() -> None:
         _client = None
 
 
-def _default_address() -> str:
-    return os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
-
-
 def _current() -> tuple[Client, _Settings]:
     """The module's client and settings, created on first use (thread-safe)."""
     global _client, _settings
     with _lock:
         if _settings is None:
-            _settings = _Settings(_default_address(), "", DEFAULT_KEEP_LAST)
+            _settings = _Settings(None, "", DEFAULT_KEEP_LAST)
         if _client is None:
-            _client = Client(_settings.address, tenant=_settings.tenant)
+            s = _settings
+            _client = Client(s.address, tenant=s.tenant, token=s.token, tls=s.tls)
         return _client, _settings
 
 

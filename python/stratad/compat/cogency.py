@@ -40,7 +40,6 @@ Calls are blocking (Cogency's state methods are synchronous); failures are
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -49,7 +48,8 @@ from stratad.api.v1 import agent_pb2 as apb
 from stratad.api.v1 import agent_pb2_grpc, profile_pb2_grpc
 from stratad.api.v1 import profile_pb2 as ppb
 from stratad.errors import AlreadyExistsError, NotFoundError
-from stratad.sdk.client import DEFAULT_ADDRESS, Client
+from stratad.sdk.client import Client
+from stratad.sdk.connection import TLSConfig
 from stratad.server.servicers.values import set_value, struct_to_py, to_py, to_struct
 
 __all__ = [
@@ -64,10 +64,11 @@ __all__ = [
 ADDRESS_ENV = "STRATAD_ADDRESS"
 
 
-def _client(address: str | None, tenant: str, client: Client | None) -> Client:
+def _client(address: str | None, tenant: str, client: Client | None, **credentials: Any) -> Client:
+    """``client``, or a new one; ``credentials`` (token, tls) as `stratad.Client` takes them."""
     if client is not None:
         return client
-    return Client(address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS, tenant=tenant)
+    return Client(address, tenant=tenant, **credentials)
 
 
 def _fact(key: str, value: Any) -> apb.Fact:
@@ -227,11 +228,13 @@ class UserProfile:
         *,
         address: str | None = None,
         tenant: str = "",
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         client: Client | None = None,
         _profile: ppb.UserProfile | None = None,
     ) -> None:
         self.user_id = user_id
-        self._client = _client(address, tenant, client)
+        self._client = _client(address, tenant, client, token=token, tls=tls)
         self._stub = profile_pb2_grpc.ProfileServiceStub(self._client.channel)
         self._profile = _profile or ppb.UserProfile(user_id=user_id, synthesis_version=1)
 
@@ -242,10 +245,12 @@ class UserProfile:
         *,
         address: str | None = None,
         tenant: str = "",
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         client: Client | None = None,
     ) -> UserProfile | None:
         """The user's stored profile, or None when they have none yet."""
-        profile = cls(user_id, address=address, tenant=tenant, client=client)
+        profile = cls(user_id, address=address, tenant=tenant, token=token, tls=tls, client=client)
         try:
             profile.refresh()
         except NotFoundError:
@@ -360,12 +365,14 @@ class AgentState:
         session_id: str = "",
         address: str | None = None,
         tenant: str = "",
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         max_iterations: int = 10,
         mode: str = "adapt",
         client: Client | None = None,
         _attach: bool = False,
     ) -> None:
-        self._client = _client(address, tenant, client)
+        self._client = _client(address, tenant, client, token=token, tls=tls)
         self._stub = agent_pb2_grpc.AgentStateServiceStub(self._client.channel)
         self.session_id = session_id or f"agent_{uuid.uuid4().hex[:12]}"
         self.user_profile = user_profile
@@ -392,12 +399,14 @@ class AgentState:
         *,
         address: str | None = None,
         tenant: str = "",
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         client: Client | None = None,
     ) -> AgentState:
         """The loop already running in `session_id` (NotFoundError, FailedPrecondition: none)."""
         return cls(
             "", user_profile=user_profile, session_id=session_id, address=address,
-            tenant=tenant, client=client, _attach=True,
+            tenant=tenant, token=token, tls=tls, client=client, _attach=True,
         )  # fmt: skip
 
     def _call(self, method: str, request: Any, *, keep_state: bool = False) -> Any:

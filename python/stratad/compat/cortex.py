@@ -12,7 +12,6 @@ naming the daemon's address, or setting ``STRATAD_ADDRESS``):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,8 @@ from stratad.compat.cortex_state import (
 )
 from stratad.domain import crystals as domain
 from stratad.errors import InvalidArgumentError, NotFoundError
-from stratad.sdk.client import DEFAULT_ADDRESS, Client
+from stratad.sdk.client import Client
+from stratad.sdk.connection import TLSConfig
 
 # =====================================================================================
 # MemoryCrystallizer and Crystal (seed 001): crystals in the daemon's CrystalService
@@ -120,13 +120,15 @@ class MemoryCrystallizer:
         *,
         address: str | None = None,
         tenant: str = "",
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         timeout: float = 30.0,
     ) -> None:
         self.max_crystals = max_crystals
         self.min_success_score = min_success_score
         self.last_result: crystal_pb2.CrystallizeResponse | None = None
-        address = address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
-        self._client = Client(address, tenant=tenant, timeout=timeout)
+        # None or empty: the STRATAD_* variables (stratad.sdk.connection).
+        self._client = Client(address, tenant=tenant, token=token, tls=tls, timeout=timeout)
         self._stub = crystal_pb2_grpc.CrystalServiceStub(self._client.channel)
         try:
             self._call(

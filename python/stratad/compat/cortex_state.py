@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -60,7 +59,8 @@ from google.protobuf import field_mask_pb2, timestamp_pb2
 from stratad.api.v1 import cognitive_pb2 as pb
 from stratad.api.v1 import cognitive_pb2_grpc
 from stratad.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
-from stratad.sdk.client import DEFAULT_ADDRESS, Client
+from stratad.sdk.client import Client
+from stratad.sdk.connection import TLSConfig
 from stratad.server.servicers.values import fill_struct, struct_to_py
 
 __all__ = ["ADDRESS_ENV", "CrystallizedState", "FluidState", "InsightState", "StateFileManager"]
@@ -182,14 +182,18 @@ class StateFileManager:
         session_id: str = "",
         *,
         address: str | None = None,
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         timeout: float = 30.0,
     ) -> None:
         self.base_path = base_path  # ignored: see the class docstring
         self._tenant_id = tenant_id or DEFAULT_TENANT
         self._session_id = session_id or f"sess_{uuid.uuid4().hex[:12]}"
         self._initialized = False
-        address = address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
-        self._client = Client(address, tenant=self._tenant_id, timeout=timeout)
+        # address, token, tls: None = the STRATAD_* variables (stratad.sdk.connection).
+        self._client = Client(
+            address, tenant=self._tenant_id, token=token, tls=tls, timeout=timeout
+        )
         self._stub = cognitive_pb2_grpc.CognitiveStateServiceStub(self._client.channel)
 
     # -- properties -----------------------------------------------------------

@@ -57,7 +57,8 @@ from google.protobuf import json_format, timestamp_pb2
 from stratad import native
 from stratad.api.v1 import checkpoint_pb2, common_pb2, session_pb2
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError
-from stratad.sdk.client import DEFAULT_ADDRESS, AsyncClient
+from stratad.sdk.client import AsyncClient
+from stratad.sdk.connection import Connection, TLSConfig
 
 __all__ = [
     "BACKEND_CONTENT_TYPE",
@@ -208,9 +209,10 @@ class _Connection:
     A client handed in by the caller is always used as is.
     """
 
-    def __init__(self, address: str, tenant: str, client: AsyncClient | None = None) -> None:
-        self.address = address
-        self.tenant = tenant
+    def __init__(self, connection: Connection, client: AsyncClient | None = None) -> None:
+        self.connection = connection
+        self.address = connection.address
+        self.tenant = connection.tenant
         self._fixed = client
         self._client: AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -222,7 +224,7 @@ class _Connection:
         if self._client is None or self._loop is not loop:
             # The previous loop has ended (or belongs to another thread); its
             # channel cannot be closed from here and is left to the collector.
-            self._client = AsyncClient(self.address, tenant=self.tenant)
+            self._client = AsyncClient.from_connection(self.connection)
             self._loop = loop
         return self._client
 
@@ -292,9 +294,10 @@ class StateManager:
     """MARSYS's StateManager, keeping sessions and checkpoints in a stratad daemon.
 
     ``storage_backend`` is accepted for signature compatibility: a
-    `SidecarStorageBackend` lends its connection (its address and tenant win
-    over ``address``/``tenant``); None connects to ``address`` as ``tenant``
-    (empty: the daemon's default tenant). Anything else is a TypeError, since
+    `SidecarStorageBackend` lends its connection (its address, tenant and
+    credentials win over these); None connects to ``address`` as ``tenant``
+    with ``token`` and ``tls`` (each None or empty: its STRATAD_* variable, see
+    `stratad.sdk.connection`). Anything else is a TypeError, since
     the state would not be where the caller thinks.
 
     ``max_checkpoints_per_session`` becomes the session's ``keep_last`` when the
@@ -310,15 +313,19 @@ class StateManager:
         enable_checksum: bool = True,
         max_checkpoints_per_session: int = 10,
         *,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         tenant: str = "",
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
     ) -> None:
         if max_checkpoints_per_session < 0:
             raise ValueError("max_checkpoints_per_session must not be negative")
         self.enable_compression = enable_compression  # stratad always compresses
         self.enable_checksum = enable_checksum
         self.max_checkpoints_per_session = max_checkpoints_per_session
-        self._conn = _connection_for(storage_backend, address, tenant)
+        self._conn = _connection_for(
+            storage_backend, Connection.resolve(address, tenant=tenant, token=token, tls=tls)
+        )
 
     async def close(self) -> None:
         """Close the gRPC channel (shared with a `SidecarStorageBackend` passed in)."""
@@ -474,9 +481,9 @@ class StateManager:
         return _decode_object(loaded.data, f"checkpoint {loaded.checkpoint.checkpoint_id}")
 
 
-def _connection_for(backend: StorageBackend | None, address: str, tenant: str) -> _Connection:
+def _connection_for(backend: StorageBackend | None, connection: Connection) -> _Connection:
     if backend is None:
-        return _Connection(address, tenant)
+        return _Connection(connection)
     if isinstance(backend, SidecarStorageBackend):
         return backend._conn
     raise TypeError(
@@ -521,16 +528,19 @@ class SidecarStorageBackend(StorageBackend):
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         tenant: str = "",
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         keep_last: int = 10,
         client: AsyncClient | None = None,
     ) -> None:
         if keep_last < 0:
             raise ValueError("keep_last must not be negative")
         self.keep_last = keep_last
-        self._conn = _Connection(address, tenant, client)
+        connection = Connection.resolve(address, tenant=tenant, token=token, tls=tls)
+        self._conn = _Connection(connection, client)
 
     async def close(self) -> None:
         await self._conn.close()

@@ -13,6 +13,12 @@
     stats                          store statistics
     export SESSION -o FILE         the session as one portable archive (see ctl/archive.py)
     import FILE                    re-create an exported session; refuses a damaged archive
+    token new [--tenant T] [--role R]  a random token and its identities-file entry (offline)
+    token hash                     the SHA-256 digest of a token read from stdin (offline)
+
+Connection flags default to the SDK's variables (`stratad.sdk.connection`):
+STRATAD_ADDRESS, STRATAD_TENANT, STRATAD_TOKEN / STRATAD_TOKEN_FILE, STRATAD_TLS,
+STRATAD_TLS_CA, STRATAD_TLS_CERT, STRATAD_TLS_KEY, STRATAD_TLS_SERVER_NAME.
 
 This module only builds the argument parser (``stratad --version`` stays
 fast); the commands live in `stratad.ctl.commands`.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 
+# The same names as stratad.sdk.connection, which is not imported: the parser stays light.
 ADDRESS_ENV = "STRATAD_ADDRESS"
 TENANT_ENV = "STRATAD_TENANT"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -56,8 +63,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ctl.add_argument(
         "--tenant",
         default=os.environ.get(TENANT_ENV, ""),
-        help=f"act in this tenant (env: {TENANT_ENV}; default: the daemon's 'default')",
+        help=f"act in this tenant (env: {TENANT_ENV}; default: the daemon's 'default', "
+        "or with auth on the credential's own tenant)",
     )
+    _add_credentials(ctl)
     ctl.add_argument(
         "--timeout",
         type=float,
@@ -134,6 +143,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="the archive to write (default: SESSION_ID.stratad.tar)",
     )
+    _add_token_commands(sub)
     imp = sub.add_parser("import", help="re-create a session from an archive")
     imp.add_argument("archive", metavar="FILE")
     imp.add_argument(
@@ -152,6 +162,50 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="refuse a checkpoint whose state is larger; set it to the daemon's maximum "
         "state size (default: %(default)s, 64 MiB)",
+    )
+
+
+def _add_credentials(ctl: argparse.ArgumentParser) -> None:
+    """--token and --tls* flags; unset ones come from the environment in the SDK."""
+    ctl.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="read the bearer token from FILE (env: STRATAD_TOKEN_FILE, or the token itself "
+        "in STRATAD_TOKEN; a token on the command line would show in ps)",
+    )
+    ctl.add_argument(
+        "--tls",
+        action="store_true",
+        default=None,
+        help="connect with TLS, trusting the system's CAs unless --tls-ca (env: STRATAD_TLS)",
+    )
+    for flag, env, text in (
+        ("--tls-ca", "STRATAD_TLS_CA", "PEM CA file that signed the daemon's certificate"),
+        ("--tls-cert", "STRATAD_TLS_CERT", "client certificate (PEM) for mTLS"),
+        ("--tls-key", "STRATAD_TLS_KEY", "the client certificate's key (PEM)"),
+        (
+            "--tls-server-name",
+            "STRATAD_TLS_SERVER_NAME",
+            "name to verify the daemon's certificate for, if not the host dialed",
+        ),
+    ):
+        ctl.add_argument(flag, metavar="FILE" if "name" not in flag else "NAME",
+                         help=f"{text}; implies --tls (env: {env})")  # fmt: skip
+
+
+def _add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    token = sub.add_parser(
+        "token", help="make bearer tokens and their identities-file entries (offline)"
+    )
+    token_sub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    new = token_sub.add_parser(
+        "new", help="print a new random token, then the TOML line for auth_tokens_file"
+    )
+    new.add_argument("--for-tenant", default="default", metavar="TENANT", help="its tenant")
+    new.add_argument("--role", choices=("agent", "admin"), default="agent", help="its role")
+    new.add_argument("--name", default="", help="the name audit lines show for it")
+    token_sub.add_parser(
+        "hash", help="read a token on stdin, print its SHA-256 (the identities-file key)"
     )
 
 

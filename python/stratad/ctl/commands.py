@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -28,7 +29,9 @@ from stratad.ctl.archive import (
 )
 from stratad.ctl.progress import Progress
 from stratad.errors import NotFoundError, StratadError, UnavailableError
-from stratad.sdk.client import TENANT_HEADER, Client, to_error
+from stratad.sdk.client import Client, to_error
+from stratad.sdk.connection import Connection, TLSConfig
+from stratad.server.auth import token_digest
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -52,8 +55,7 @@ class CtlError(StratadError):
 class Ctl:
     """What every command gets: where the daemon is, how to print."""
 
-    address: str
-    tenant: str
+    connection: Connection
     timeout: float
     json: bool
     progress_mode: str
@@ -62,14 +64,23 @@ class Ctl:
     _client: Client | None = None
 
     @property
+    def address(self) -> str:
+        return self.connection.address
+
+    @property
+    def tenant(self) -> str:
+        return self.connection.tenant
+
+    @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.address, tenant=self.tenant, timeout=self.timeout)
+            self._client = Client.from_connection(self.connection, timeout=self.timeout)
         return self._client
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((TENANT_HEADER, self.tenant),) if self.tenant else ()
+        """Tenant header and bearer token, for calls made on the client's channel."""
+        return self.connection.metadata
 
     def close(self) -> None:
         if self._client is not None:
@@ -95,14 +106,32 @@ class Ctl:
         self.err.flush()
 
 
+def connection_of(args: argparse.Namespace) -> Connection:
+    """The daemon and credentials the flags name; the environment fills in the rest."""
+    tls_files = (args.tls_ca, args.tls_cert, args.tls_key)
+    tls: TLSConfig | bool | None = args.tls
+    if any(tls_files) or args.tls_server_name:
+        # Flags complete what the environment says (a CA in env, a client cert by flag).
+        base = TLSConfig.from_env(os.environ) or TLSConfig()
+        tls = TLSConfig(
+            args.tls_ca or base.ca_file,
+            args.tls_cert or base.cert_file,
+            args.tls_key or base.key_file,
+            args.tls_server_name or base.server_name,
+        )
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    return Connection.resolve(args.address, tenant=args.tenant, token=token, tls=tls)
+
+
 def run(args: argparse.Namespace) -> int:
-    ctl = Ctl(
-        address=args.address,
-        tenant=args.tenant,
-        timeout=args.timeout,
-        json=args.json,
-        progress_mode=args.progress,
-    )
+    if args.ctl_command == "token":  # offline: no daemon, no connection
+        return run_token(args)
+    try:
+        connection = connection_of(args)
+    except (OSError, ValueError) as exc:
+        print(f"stratad ctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    ctl = Ctl(connection, timeout=args.timeout, json=args.json, progress_mode=args.progress)
     command = args.ctl_command
     sub = getattr(args, f"{command}_command", None)
     handler = COMMANDS[(command, sub) if sub else (command,)]
@@ -176,12 +205,11 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 def cmd_health(ctl: Ctl, args: argparse.Namespace) -> int:
     status_names = health_pb2.HealthCheckResponse.ServingStatus
     try:
-        with grpc.insecure_channel(ctl.address) as channel:
-            response = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=args.service),
-                timeout=min(ctl.timeout, 10.0),
-                metadata=ctl.metadata,
-            )
+        response = health_pb2_grpc.HealthStub(ctl.client.channel).Check(
+            health_pb2.HealthCheckRequest(service=args.service),
+            timeout=min(ctl.timeout, 10.0),
+            metadata=ctl.metadata,
+        )
     except grpc.RpcError as exc:
         error = to_error(exc)
         ctl.emit({"status": "UNREACHABLE", "error": error.message}, "")
@@ -350,6 +378,12 @@ def cmd_verify(ctl: Ctl, args: argparse.Namespace) -> int:
             lines.append(f"CORRUPT {c.digest}: {c.problem} (affects {sessions})")
         for s in report.damaged_sessions:
             lines.append(f"DAMAGED session {s}")
+        if report.remote_objects_checked or report.remote_damaged_sessions:
+            lines.append(f"objects checked in object storage: {report.remote_objects_checked}")
+        for c in report.remote_corrupt_objects:
+            lines.append(f"CORRUPT in object storage {c.digest}: {c.problem}")
+        for s in report.remote_damaged_sessions:
+            lines.append(f"DAMAGED in object storage: session {s}")
         lines.append("ok" if report.ok else "PROBLEMS FOUND")
         return "\n".join(lines)
 
@@ -364,7 +398,14 @@ def cmd_gc(ctl: Ctl, args: argparse.Namespace) -> int:
     ctl.emit(
         to_dict(report),
         f"removed {report.objects_removed} objects ({human_bytes(report.bytes_freed)}), "
-        f"kept {report.objects_kept}, in {report.seconds:.2f}s",
+        f"kept {report.objects_kept}, in {report.seconds:.2f}s"
+        + (
+            f"; object storage: deleted {report.remote_packs_deleted} packs "
+            f"({human_bytes(report.remote_bytes_freed)}), condemned "
+            f"{report.remote_packs_condemned}"
+            if report.remote_packs_deleted or report.remote_packs_condemned
+            else ""
+        ),
     )
     return EXIT_OK
 
@@ -646,6 +687,28 @@ class _Importer:
                 f"the session was forked from checkpoint {s.forked_from_checkpoint_id}; "
                 "an imported session records no fork origin"
             )
+
+
+# --- tokens (offline) ---------------------------------------------------------------------
+
+
+def run_token(args: argparse.Namespace) -> int:
+    """``token new`` / ``token hash``: what docs/security.md tells operators to run."""
+    if args.token_command == "hash":
+        token = sys.stdin.readline().strip()
+        if not token:
+            print("stratad ctl: token hash reads a token on stdin; got none", file=sys.stderr)
+            return EXIT_USAGE
+        print(token_digest(token))
+        return EXIT_OK
+    token = secrets.token_urlsafe(32)
+    entry = {"tenant": args.for_tenant, "role": args.role}
+    if args.name:
+        entry["name"] = args.name
+    fields = ", ".join(f"{key} = {json.dumps(value)}" for key, value in entry.items())
+    print(token)
+    print(f'"{token_digest(token)}" = {{ {fields} }}')
+    return EXIT_OK
 
 
 def _iter_commands() -> Iterator[tuple[tuple[str, ...], Callable[[Ctl, argparse.Namespace], int]]]:

@@ -19,6 +19,10 @@ class GcReport:
     bytes_freed: int = 0
     objects_kept: int = 0
     seconds: float = 0.0
+    #: In object storage, when the daemon replicates (see docs/replication.md).
+    remote_packs_deleted: int = 0
+    remote_bytes_freed: int = 0
+    remote_packs_condemned: int = 0
 
 
 @dataclass
@@ -34,10 +38,15 @@ class VerifyReport:
     objects_checked: int = 0
     corrupt: list[CorruptObject] = field(default_factory=list)
     damaged_sessions: list[str] = field(default_factory=list)
+    #: The same for object storage, when the daemon replicates (else empty).
+    remote_objects_checked: int = 0
+    remote_corrupt: list[CorruptObject] = field(default_factory=list)
+    remote_damaged_sessions: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.corrupt and not self.damaged_sessions
+        local_ok = not self.corrupt and not self.damaged_sessions
+        return local_ok and not self.remote_corrupt and not self.remote_damaged_sessions
 
 
 @dataclass
@@ -75,8 +84,9 @@ class Admin:
         self.store = sessions.store
 
     def _tenants(self, tenant: str) -> list[TenantStore]:
-        if tenant:
-            return [self.store.tenant(tenant)]
+        if tenant:  # an unknown tenant has nothing to collect, verify or count
+            found = self.store.find_tenant(tenant)
+            return [found] if found is not None else []
         return [self.store.tenant(name) for name in self.store.existing_tenant_names()]
 
     # -- garbage collection ------------------------------------------------------
@@ -92,8 +102,18 @@ class Admin:
         started = time.monotonic()
         for store in self._tenants(tenant):
             self._collect_tenant(store, report)
+            self._collect_remote(store.name, report)
         report.seconds = time.monotonic() - started
         return report
+
+    def _collect_remote(self, tenant: str, report: GcReport) -> None:
+        replicator = self.sessions.replicator
+        if replicator is None:
+            return
+        remote = replicator.collect_remote(tenant)
+        report.remote_packs_deleted += remote.packs_deleted
+        report.remote_bytes_freed += remote.bytes_freed
+        report.remote_packs_condemned += remote.packs_condemned
 
     def _collect_tenant(self, store: TenantStore, report: GcReport) -> None:
         with store.gc_running:
@@ -150,7 +170,17 @@ class Admin:
             for live in self.sessions.sessions_of(store.name):
                 if live.damaged:
                     report.damaged_sessions.append(f"{store.name}/{live.state.session_id}")
+            self._verify_remote(store.name, report)
         return report
+
+    def _verify_remote(self, tenant: str, report: VerifyReport) -> None:
+        replicator = self.sessions.replicator
+        if replicator is None:
+            return
+        remote = replicator.verify_remote(tenant)
+        report.remote_objects_checked += remote.objects_checked
+        report.remote_corrupt.extend(CorruptObject(tenant, d, p) for d, p in remote.corrupt)
+        report.remote_damaged_sessions.extend(f"{tenant}/{s}" for s in remote.damaged_sessions)
 
     def _attribute(
         self, store: TenantStore, bad: dict[str, CorruptObject], report: VerifyReport

@@ -302,6 +302,8 @@ class Checkpoints:
         require_status(live, SessionStatus.ACTIVE, SessionStatus.PAUSED)
         checkpoint_id = self._new_checkpoint_id(live, inp.checkpoint_id)
         parent = self._parent(live, inp)
+        dropped = retention_drops(live, at, keep=checkpoint_id)
+        self._check_quotas(live, stored, dropped)
         inline = live.tenant.commit_objects(stored, live.owner)
         try:
             structured, structured_inline = capture_structured(live)
@@ -326,10 +328,17 @@ class Checkpoints:
             stored_bytes=sum(len(frame) for _, frame in inline),
             structured=structured,
         )
-        dropped = retention_drops(live, at, keep=checkpoint_id)
         mutation = save_mutation(checkpoint, version, at, inline, dropped)
         mutation.on_abort = functools.partial(abandon_objects, live, inline)
         return mutation
+
+    def _check_quotas(self, live: LiveSession, stored: StoredState, dropped: list[str]) -> None:
+        """Before the save stores anything: its checkpoint, and the bytes it adds."""
+        quotas = self.sessions.quotas
+        existing = len(live.state.checkpoints)
+        quotas.check_checkpoints(live.state.session_id, existing, existing + 1 - len(dropped))
+        if quotas.tenant_stored_bytes:
+            quotas.check_stored_bytes(live.tenant, live.tenant.added_bytes(stored, live.owner))
 
     def _new_checkpoint_id(self, live: LiveSession, requested: str) -> str:
         if not requested:
@@ -417,6 +426,10 @@ class Checkpoints:
             head = live.state.head_checkpoint
             if head is None:
                 raise FailedPreconditionError(f"session {session_id!r} has no saved state yet")
+            merged = {**head.metadata, **(metadata or {})}
+            validate_metadata(merged)  # each part may be within the limit, not both
+            existing = len(live.state.checkpoints)
+            self.sessions.quotas.check_checkpoints(session_id, existing, existing + 1)
             structured, inline = capture_structured(live)
             try:
                 cp = dataclasses.replace(
@@ -425,7 +438,7 @@ class Checkpoints:
                     version=version,
                     parent_id=head.checkpoint_id,
                     name=name or f"checkpoint-{version}",
-                    metadata={**head.metadata, **(metadata or {})},
+                    metadata=merged,
                     created_at=at,
                     stored_bytes=sum(len(frame) for _, frame in inline),
                     structured=structured,
@@ -479,7 +492,7 @@ class Checkpoints:
             event = SessionEvent(version, "delete_checkpoint", at, checkpoint_id=checkpoint_id)
             return Mutation(Record("delete_checkpoint", body), event)
 
-        self.sessions.mutate_live(live, expected_version, build)
+        self.sessions.mutate_live(live, expected_version, build, check_quota=False)
 
     def fork_session(
         self, tenant: str, checkpoint_id: str, *, new_session_id: str = "",
@@ -532,6 +545,7 @@ class Checkpoints:
         if page_size < 0:
             raise InvalidArgumentError("page_size must not be negative")
         page_size = min(page_size or 100, 1000)
+        validate_metadata(metadata or {})
         live = self.sessions.live(tenant, session_id)
         with live.lock:
             check_usable(live)
@@ -561,7 +575,8 @@ class Checkpoints:
         for d in digests:
             if len(d) != 64 or not _is_hex(d):
                 raise InvalidArgumentError(f"{d[:80]!r} is not a hex BLAKE3 digest")
-        return self.sessions.store.tenant(tenant).missing(digests)
+        store = self.sessions.store.find_tenant(tenant)
+        return store.missing(digests) if store is not None else list(digests)
 
 
 def _page_version(token: str) -> int:

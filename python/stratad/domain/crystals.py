@@ -312,6 +312,9 @@ class _Encoded(Record):
     def encode(self) -> bytes:
         return self.data
 
+    def pieces(self) -> list[bytes]:  # what Journal.append writes
+        return [self.data]
+
 
 def _crystal_body(crystal: Crystal, seq: int) -> dict[str, Any]:
     return {

@@ -13,6 +13,7 @@ from stratad.domain.cognitive import Cognitive
 from stratad.domain.crystals import CrystalLibraries
 from stratad.domain.events import EventHub
 from stratad.domain.profiles import Profiles
+from stratad.domain.quotas import Quotas
 from stratad.domain.replication import Replicator
 from stratad.domain.sessions import SessionManager
 from stratad.domain.tasks import Tasks
@@ -35,6 +36,7 @@ class Engine:
         fsync_interval: float = 0.1,
         max_state_bytes: int = 64 << 20,
         compact_min_bytes: int = 4 << 20,
+        quotas: Quotas | None = None,
     ) -> None:
         self.store = Store(
             data_dir,
@@ -43,7 +45,9 @@ class Engine:
             max_object_bytes=max_state_bytes,
         )
         self.events = EventHub()
-        self.sessions = SessionManager(self.store, self.events, compact_min_bytes=compact_min_bytes)
+        self.sessions = SessionManager(
+            self.store, self.events, compact_min_bytes=compact_min_bytes, quotas=quotas
+        )
         self.checkpoints = Checkpoints(self.sessions, max_state_bytes=max_state_bytes)
         self.admin = Admin(self.sessions)
         # Pending writes, CopySession, PruneCheckpoints, DeleteCheckpoints (and
@@ -60,12 +64,20 @@ class Engine:
         self.replicator: Replicator | None = None
 
     def replicate_to(
-        self, remote: RemoteTier, *, mode: str, node_id: str, lag: float, lease: float
+        self,
+        remote: RemoteTier,
+        *,
+        mode: str,
+        node_id: str,
+        lag: float,
+        lease: float,
+        gc_grace: float = 3600.0,
     ) -> Replicator:
         """Replicate sessions to `remote` (call before `open`); see domain/replication.py."""
         self.replicator = Replicator(
-            self.sessions, remote, mode=mode, node_id=node_id, lag=lag, lease=lease
-        )
+            self.sessions, remote, mode=mode, node_id=node_id, lag=lag, lease=lease,
+            gc_grace=gc_grace,
+        )  # fmt: skip
         self.sessions.replicator = self.replicator
         self.store.on_new_object(self.replicator.object_added)
         return self.replicator

@@ -29,15 +29,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from stratad import native
 from stratad.domain.admin import roots
+from stratad.domain.models import SessionState, apply
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
+from stratad.store import journal as journal_mod
 from stratad.store import manifest
+from stratad.store.objects import NO_SIZE_LIMIT
 from stratad.store.remote import (
     Head,
     LeaseHeldError,
     LeaseLostError,
     RemoteTier,
     VersionedHead,
+    verified_frame,
 )
 from stratad.store.tenant import ROOT_CHUNK, ROOT_MANIFEST, TenantStore
 
@@ -55,6 +60,27 @@ HYDRATE_ATTEMPTS = 3
 #: The owner stops writing this fraction of the lease before it runs out, so
 #: that a clock running slightly behind another daemon's cannot overlap it.
 LEASE_MARGIN = 0.25
+
+
+@dataclass
+class RemoteVerifyReport:
+    """What `Verify` found in object storage for one tenant."""
+
+    objects_checked: int = 0
+    #: (digest, problem) of every object whose remote copy fails re-hashing.
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    #: "<session>: problem" for every session whose remote history is damaged.
+    damaged_sessions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RemoteGcReport:
+    """What a collection did in object storage for one tenant."""
+
+    packs_deleted: int = 0
+    bytes_freed: int = 0
+    packs_condemned: int = 0
+    packs_kept: int = 0
 
 
 @dataclass
@@ -86,6 +112,7 @@ class Replicator:
         node_id: str,
         lag: float,
         lease: float,
+        gc_grace: float = 3600.0,
     ) -> None:
         if mode not in ("async", "sync"):
             raise ValueError(f"replication mode {mode!r} needs no replicator")
@@ -95,6 +122,8 @@ class Replicator:
         self.node_id = node_id
         self.lag = lag
         self.lease = lease
+        #: Seconds between condemning a remote pack and deleting it.
+        self.gc_grace = gc_grace
         self._lock = threading.Lock()
         self._state: dict[tuple[str, str], _Shipping] = {}
         self._new_objects: dict[str, dict[str, None]] = {}
@@ -351,6 +380,122 @@ class Replicator:
         if restored is not None:  # objects damaged locally: rewrite them from the remote
             self._fetch_objects(restored, repair=True)
 
+    # -- garbage collection ----------------------------------------------------------------
+
+    def collect_remote(self, tenant: str) -> RemoteGcReport:
+        """Delete packs no remote history references, in two steps a grace period apart.
+
+        A pack whose objects no session's HEAD reaches is first *condemned*
+        (listed in the tenant's CONDEMNED object, which uploaders read: they
+        stop deduplicating against it and upload their own copies). A later
+        collection deletes it if it is still unreferenced and was condemned at
+        least `gc_grace` seconds before. Packs younger than the grace period
+        are never touched: their segment and HEAD may still be on the way.
+        """
+        report = RemoteGcReport()
+        condemned, version = self.remote.read_condemned(tenant)
+        referenced = self._remote_references(tenant)
+        ages = self.remote.pack_ages(tenant)
+        now = time.time()
+        keep_condemned: dict[str, float] = {}
+        doomed: list[tuple[str, int]] = []
+        for pack, items in self.remote.packs(tenant).items():
+            if any(d in referenced for d, _, _ in items) or ages.get(pack, 0.0) < self.gc_grace:
+                report.packs_kept += 1
+                continue
+            since = condemned.get(pack)
+            if since is not None and now - since >= self.gc_grace:
+                doomed.append((pack, sum(length for _, _, length in items)))
+                continue
+            keep_condemned[pack] = since or now
+            report.packs_condemned += int(since is None)
+            report.packs_kept += 1
+        # The list first: a pack deleted but still listed would only be skipped.
+        self.remote.write_condemned(tenant, keep_condemned, version)
+        for pack, size in doomed:
+            self.remote.delete_pack(tenant, pack)
+            report.packs_deleted += 1
+            report.bytes_freed += size
+        return report
+
+    def _remote_references(self, tenant: str) -> set[str]:
+        """Every object a checkpoint of a remote history reaches (the mark phase)."""
+        found: set[str] = set()
+        for session_id in self.remote.list_sessions(tenant):
+            history = self._read_history(RemoteTier.session_path(tenant, session_id))
+            if history is None:
+                continue  # deleted: its objects are garbage
+            state = replay_state(history[1])
+            for cp in state.checkpoints.values() if state is not None else ():
+                for root, kind in roots(cp):
+                    found |= self._remote_closure(tenant, root, kind, found)
+        return found
+
+    def _remote_closure(self, tenant: str, root: str, kind: str, known: set[str]) -> set[str]:
+        """The objects a root reaches, reading manifests from object storage."""
+        reached: set[str] = set()
+        todo = [(root, kind)]
+        while todo:
+            digest, kind = todo.pop()
+            if digest in reached or digest in known:  # known: its closure is in `known` too
+                continue
+            reached.add(digest)
+            if kind != ROOT_MANIFEST:
+                continue
+            frame = self.remote.fetch_objects(tenant, [digest])[digest]
+            m = manifest.decode(native.decode_frame(frame, NO_SIZE_LIMIT))
+            todo.extend((chunk, ROOT_CHUNK) for chunk, _ in manifest.iter_entries(m.added))
+            if m.base:
+                todo.append((m.base, ROOT_MANIFEST))
+        return reached
+
+    # -- verification --------------------------------------------------------------------
+
+    def verify_remote(self, tenant: str) -> RemoteVerifyReport:
+        """Re-hash every object of the tenant's packs; check every session's segments.
+
+        A segment must be whole journal records (their checksums pass, nothing
+        trails them): what a daemon hydrating the session would replay.
+        """
+        report = RemoteVerifyReport()
+        for pack, items in sorted(self.remote.packs(tenant).items()):
+            self._verify_pack(pack, items, report)
+        for session_id in self.remote.list_sessions(tenant):
+            problem = self._verify_history(RemoteTier.session_path(tenant, session_id))
+            if problem:
+                report.damaged_sessions.append(f"{session_id}: {problem}")
+        return report
+
+    def _verify_pack(
+        self, pack: str, items: list[tuple[str, int, int]], report: RemoteVerifyReport
+    ) -> None:
+        report.objects_checked += len(items)
+        try:
+            data = self.remote.read_pack(pack)
+        except DataLossError as exc:
+            report.corrupt.extend((digest, str(exc)) for digest, _, _ in items)
+            return
+        for digest, offset, length in items:
+            try:
+                verified_frame(digest, data[offset : offset + length], pack)
+            except DataLossError as exc:
+                report.corrupt.append((digest, exc.message))
+
+    def _verify_history(self, path: str) -> str:
+        """The problem with the session's remote history ("" when it replays cleanly)."""
+        current = self.remote.read_head(path)
+        if current is None or current.head.deleted:
+            return ""
+        for name in current.head.segments:
+            try:
+                data = self.remote.get_segment(path, name)
+            except DataLossError as exc:
+                return exc.message
+            parsed = journal_mod.parse_records(data)
+            if parsed.valid_bytes != len(data):
+                return f"segment {name} is damaged at byte {parsed.valid_bytes}"
+        return ""
+
     def _read_history(self, path: str) -> tuple[VersionedHead, bytes] | None:
         """A session's HEAD and its whole history (None: no such session, or deleted)."""
         for attempt in range(HYDRATE_ATTEMPTS):
@@ -442,6 +587,17 @@ class Replicator:
             "lag_seconds": time.time() - oldest if oldest else 0.0,
             "last_shipment_seconds": self.last_lag,
         }  # fmt: skip
+
+
+def replay_state(journal: bytes) -> SessionState | None:
+    """The session state a journal's records make (None: no creation record)."""
+    state: SessionState | None = None
+    for record in journal_mod.parse_records(journal).records:
+        if record.kind in ("create", "snapshot"):
+            state = SessionState.from_json(record.body["state"])
+        elif state is not None:
+            apply(state, record.kind, record.body)
+    return state
 
 
 def _read_journal(live: LiveSession, start: int, end: int) -> bytes:

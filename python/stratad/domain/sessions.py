@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from stratad.domain.events import EventHub, SessionEvent
 from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import SessionState, SessionStatus, apply
+from stratad.domain.quotas import Quotas
 from stratad.errors import (
     AlreadyExistsError,
     DataLossError,
@@ -50,6 +51,11 @@ JOURNAL = "journal"
 _TRASH_PREFIX = ".trash-"
 #: Events kept in memory per session for WatchSession resumption.
 EVENT_HISTORY = 4096
+#: Labels of one session: every SessionInfo, listing and journal snapshot
+#: carries them, so they stay small (64 x (128 + 256) characters at most).
+MAX_LABELS = 64
+MAX_LABEL_KEY = 128
+MAX_LABEL_VALUE = 256
 
 
 @dataclass
@@ -151,9 +157,11 @@ class SessionManager:
         hub: EventHub | None = None,
         *,
         compact_min_bytes: int = 4 << 20,
+        quotas: Quotas | None = None,
     ) -> None:
         self.store = store
         self.hub = hub or EventHub()
+        self.quotas = quotas or Quotas()
         self.compact_min_bytes = compact_min_bytes
         self._lock = threading.Lock()
         self._sessions: dict[tuple[str, str], LiveSession] = {}
@@ -212,7 +220,8 @@ class SessionManager:
             return
         state, history, restored = self._replay(tenant, path.name, replay.records)
         report["objects_restored"] += restored
-        live = LiveSession(tenant, path, self.store.open_journal(jpath), state)
+        journal = self.store.open_journal(jpath, tenant.journal_bytes)
+        live = LiveSession(tenant, path, journal, state)
         live.history.extend(history)
         if replay.corrupt_at is not None:
             live.damaged = (
@@ -356,11 +365,10 @@ class SessionManager:
             raise InvalidArgumentError("page_size must not be negative")
         page_size = min(page_size or 100, 1000)
         after = decode_token(page_token)
-        ids = sorted(
-            s.state.session_id
-            for s in self.sessions_of(tenant)
-            if s.state.session_id.startswith(prefix) and s.state.session_id > after
-        )
+        known = {s.state.session_id for s in self.sessions_of(tenant)}
+        if self.replicator is not None:  # sessions other daemons wrote are listed too
+            known.update(self.replicator.remote.list_sessions(tenant))
+        ids = sorted(i for i in known if i.startswith(prefix) and i > after)
         page = []
         for session_id in ids[:page_size]:
             with contextlib.suppress(NotFoundError, DataLossError):
@@ -384,6 +392,7 @@ class SessionManager:
         if keep_last < 0 or not max_age_seconds >= 0:  # `not >=` also refuses NaN
             raise InvalidArgumentError("keep_last and max_age_seconds must be non-negative numbers")
         session_id = validate_id(session_id, "session_id") if session_id else new_id("sess")
+        validate_labels(labels or {})
         store = self.store.tenant(tenant)
         now = time.time()
         state = SessionState(
@@ -394,11 +403,12 @@ class SessionManager:
         with self._lock:
             if (tenant, session_id) in self._sessions:
                 raise AlreadyExistsError(f"session {session_id!r} already exists")
+            self._check_quotas(store)
             try:
                 path.mkdir(mode=DIR_MODE)
             except FileExistsError:
                 raise AlreadyExistsError(f"session {session_id!r} already exists") from None
-            journal = self.store.open_journal(path / JOURNAL)
+            journal = self.store.open_journal(path / JOURNAL, store.journal_bytes)
             live = LiveSession(store, path, journal, state)
             self._sessions[live.key] = live  # reserve the ID while we write
         try:
@@ -423,8 +433,19 @@ class SessionManager:
                 self.evict(live)  # it exists elsewhere, or the remote is unreachable
                 raise
         if initial is not None:
-            self.mutate_live(live, 0, initial)
+            self.mutate_live(live, 0, initial, check_quota=False)
         return self.info(tenant, session_id)
+
+    def _check_quotas(self, store: TenantStore) -> None:
+        """Room for one more session? (Under the manager's lock: creations are serialized.)"""
+        self.quotas.check_stored_bytes(store)
+        if self.quotas.tenant_sessions:
+            # Creations are rare next to saves: counting here beats keeping
+            # a per-tenant count in step with every path that adds or drops one.
+            existing = sum(
+                1 for (t, _), s in self._sessions.items() if t == store.name and not s.deleted
+            )
+            self.quotas.check_sessions(store.name, existing)
 
     def delete(self, tenant: str, session_id: str, expected_version: int = 0) -> None:
         """Delete a session; its objects become garbage for CollectGarbage."""
@@ -464,18 +485,24 @@ class SessionManager:
         build: Builder,
         *,
         commit: Commit | None = None,
+        check_quota: bool = True,
     ) -> Any:
         """Journal, apply and (unless `commit` is given) make durable one mutation.
 
         With `commit`, the fsync and the event are left to `finish(commit)`, so
         a batch of mutations shares fsyncs (SaveStates); the caller must not
-        acknowledge any of them before `finish` returns.
+        acknowledge any of them before `finish` returns. A mutation is refused
+        once the tenant is at its stored-bytes quota, unless `check_quota` is
+        False: deletions (they make room), and the first record of a session
+        whose creation was checked.
         """
         if self.replicator is not None:
             self.replicator.ensure_writable(live)
         with live.lock:
             check_usable(live)
             check_version(live, expected_version)
+            if check_quota:
+                self.quotas.check_stored_bytes(live.tenant)
             mutation = None
             try:
                 mutation = build(live, live.state.version + 1, time.time())
@@ -580,7 +607,7 @@ class SessionManager:
         )
         jpath = live.path / JOURNAL
         self.store.rewrite_journal(jpath, [snapshot])
-        live.journal = self.store.open_journal(jpath)
+        live.journal = self.store.open_journal(jpath, live.tenant.journal_bytes)
         live.snapshot_bytes = live.journal.size
         old.close()
         if self.replicator is not None:
@@ -592,6 +619,29 @@ class SessionManager:
         with live.lock:
             check_usable(live)
             self._compact(live)
+
+
+def validate_labels(labels: dict[str, str]) -> None:
+    if len(labels) > MAX_LABELS:
+        raise _label_error(f"at most {MAX_LABELS} labels, got {len(labels)}", "count", MAX_LABELS)
+    for key, value in labels.items():
+        if not 0 < len(key) <= MAX_LABEL_KEY:
+            raise _label_error(
+                f"label keys must be 1 to {MAX_LABEL_KEY} characters, got {len(key)}",
+                "key",
+                MAX_LABEL_KEY,
+            )
+        if len(value) > MAX_LABEL_VALUE:
+            raise _label_error(
+                f"label {key!r}: values must be at most {MAX_LABEL_VALUE} characters, "
+                f"got {len(value)}",
+                "value",
+                MAX_LABEL_VALUE,
+            )
+
+
+def _label_error(message: str, what: str, limit: int) -> InvalidArgumentError:
+    return InvalidArgumentError(message, metadata={"field": "labels", what: str(limit)})
 
 
 def check_usable(live: LiveSession, *, allow_damaged: bool = False) -> None:

@@ -56,7 +56,6 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from stratad.api.v1 import checkpoint_pb2
 from stratad.errors import AlreadyExistsError, NotFoundError
 from stratad.sdk.client import (
-    DEFAULT_ADDRESS,
     AsyncClient,
     Client,
     delete_checkpoints_request,
@@ -65,6 +64,7 @@ from stratad.sdk.client import (
     save_request,
     struct,
 )
+from stratad.sdk.connection import Connection, TLSConfig
 
 __all__ = ["StratadSaver"]
 
@@ -118,8 +118,12 @@ class StratadSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer over a stratad daemon (see the module docstring).
 
     Args:
-        address: the daemon's gRPC address (ignored when clients are given).
-        tenant: the tenant to act in (authentication off); "" = the default.
+        address: the daemon's gRPC address (ignored when clients are given);
+            None: ``$STRATAD_ADDRESS`` or 127.0.0.1:50051.
+        tenant: the tenant to act in; "": ``$STRATAD_TENANT``, else the
+            daemon's default (with auth on: the token's own tenant).
+        token: bearer token; None: ``$STRATAD_TOKEN`` / ``$STRATAD_TOKEN_FILE``.
+        tls: a `stratad.TLSConfig`, True or False; None: the STRATAD_TLS* variables.
         serde: LangGraph serializer (default: JsonPlusSerializer).
         client / async_client: existing SDK clients to use instead.
         session_prefix: prepended to thread IDs to form session IDs.
@@ -128,9 +132,11 @@ class StratadSaver(BaseCheckpointSaver[str]):
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         tenant: str = "",
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         serde: SerializerProtocol | None = None,
         client: Client | None = None,
         async_client: AsyncClient | None = None,
@@ -138,8 +144,10 @@ class StratadSaver(BaseCheckpointSaver[str]):
         timeout: float = 30.0,
     ) -> None:
         super().__init__(serde=serde)
-        self.address = address
-        self.tenant = tenant
+        # Resolved once: every client this saver opens (one per event loop) is the same.
+        self.connection = Connection.resolve(address, tenant=tenant, token=token, tls=tls)
+        self.address = self.connection.address
+        self.tenant = self.connection.tenant
         self.timeout = timeout
         self.session_prefix = session_prefix
         self._client = client
@@ -156,7 +164,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
     def client(self) -> Client:
         with self._lock:
             if self._client is None:
-                self._client = Client(self.address, tenant=self.tenant, timeout=self.timeout)
+                self._client = Client.from_connection(self.connection, timeout=self.timeout)
             return self._client
 
     def _aclient(self) -> AsyncClient:
@@ -166,7 +174,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
         loop = asyncio.get_running_loop()
         if self._async_client is None or self._async_loop is not loop:
             # grpc.aio channels belong to the loop that first used them.
-            self._async_client = AsyncClient(self.address, tenant=self.tenant, timeout=self.timeout)
+            self._async_client = AsyncClient.from_connection(self.connection, timeout=self.timeout)
             self._async_loop = loop
         return self._async_client
 

@@ -1,5 +1,6 @@
 """The Python SDK for a stratad daemon."""
 
 from stratad.sdk.client import AsyncClient, Client
+from stratad.sdk.connection import TLSConfig
 
-__all__ = ["AsyncClient", "Client"]
+__all__ = ["AsyncClient", "Client", "TLSConfig"]

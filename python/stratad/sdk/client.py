@@ -1,5 +1,9 @@
 """The Python SDK: `Client` (blocking) and `AsyncClient` (asyncio).
 
+Both connect as `stratad.sdk.connection` resolves: the address, tenant, bearer
+token and TLS settings given, else the STRATAD_ADDRESS, STRATAD_TENANT,
+STRATAD_TOKEN(_FILE) and STRATAD_TLS* variables.
+
 Both speak the stratad.api.v1 services and return their protobuf messages.
 Every call has a deadline (`timeout`, overridable per call); gRPC retries
 calls that fail with UNAVAILABLE before reaching the daemon (a service-config
@@ -35,10 +39,18 @@ from stratad.errors import (
     NotFoundError,
     StratadError,
 )
+from stratad.sdk.connection import DEFAULT_ADDRESS, TENANT_HEADER, Connection, TLSConfig
 from stratad.sdk.upload import Uploader, UploadPlan
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
-TENANT_HEADER = "x-stratad-tenant"
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "TENANT_HEADER",
+    "AsyncClient",
+    "Client",
+    "TLSConfig",
+    "error_info",
+    "to_error",
+]
 M = TypeVar("M")
 
 _RETRY_POLICY = {
@@ -149,26 +161,44 @@ def _base_gone(exc: StratadError, plan: UploadPlan) -> bool:
 class Client:
     """A blocking client. Use as a context manager, or call close().
 
+    ``address`` (``HOST:PORT`` or ``unix:/path``), ``tenant``, ``token`` (a
+    bearer token) and ``tls`` (a `TLSConfig`, True or False) default to the
+    STRATAD_* variables when None or empty; see `stratad.sdk.connection`.
     Safe to share between threads.
     """
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
-        tenant: str = "",
+        tenant: str | None = None,
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         timeout: float = 30.0,
         chunked_uploads: bool = True,
         max_message_bytes: int = 64 << 20,
     ) -> None:
-        self.address = address
+        self.connection = Connection.resolve(address, tenant=tenant, token=token, tls=tls)
+        self.address = self.connection.address
+        self.tenant = self.connection.tenant
         self.timeout = timeout
-        self._metadata = ((TENANT_HEADER, tenant),) if tenant else ()
-        self._channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+        self._metadata = self.connection.metadata
+        self._channel = self.connection.channel(channel_options(max_message_bytes))
         self.sessions = session_pb2_grpc.SessionServiceStub(self._channel)
         self.checkpoints = checkpoint_pb2_grpc.CheckpointServiceStub(self._channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._uploader = Uploader() if chunked_uploads else None
+
+    @classmethod
+    def from_connection(cls, connection: Connection, **options: Any) -> Client:
+        """A client for a resolved `Connection` (the environment is not read again)."""
+        return cls(
+            connection.address,
+            tenant=connection.tenant,
+            token=connection.token,
+            tls=connection.tls or False,
+            **options,
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -182,6 +212,11 @@ class Client:
     @property
     def channel(self) -> grpc.Channel:
         return self._channel
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What every call carries: the tenant header and the bearer token, when set."""
+        return self._metadata
 
     def call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         """Invoke a unary stub method with deadline and tenant; map errors."""
@@ -500,23 +535,36 @@ class AsyncClient:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
-        tenant: str = "",
+        tenant: str | None = None,
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
         timeout: float = 30.0,
         chunked_uploads: bool = True,
         max_message_bytes: int = 64 << 20,
     ) -> None:
-        self.address = address
+        self.connection = Connection.resolve(address, tenant=tenant, token=token, tls=tls)
+        self.address = self.connection.address
+        self.tenant = self.connection.tenant
         self.timeout = timeout
-        self._metadata = ((TENANT_HEADER, tenant),) if tenant else ()
-        self._channel = grpc.aio.insecure_channel(
-            address, options=channel_options(max_message_bytes)
-        )
+        self._metadata = self.connection.metadata
+        self._channel = self.connection.aio_channel(channel_options(max_message_bytes))
         self.sessions = session_pb2_grpc.SessionServiceStub(self._channel)
         self.checkpoints = checkpoint_pb2_grpc.CheckpointServiceStub(self._channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(self._channel)
         self._uploader = Uploader() if chunked_uploads else None
+
+    @classmethod
+    def from_connection(cls, connection: Connection, **options: Any) -> AsyncClient:
+        """A client for a resolved `Connection` (the environment is not read again)."""
+        return cls(
+            connection.address,
+            tenant=connection.tenant,
+            token=connection.token,
+            tls=connection.tls or False,
+            **options,
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self

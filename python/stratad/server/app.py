@@ -25,9 +25,12 @@ from grpc_reflection.v1alpha import reflection
 from stratad import __version__
 from stratad.config import Config
 from stratad.errors import UnavailableError
+from stratad.server.auth import auth_interceptor
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
+from stratad.server.limits import LimitsInterceptor
 from stratad.server.metrics import Metrics
 from stratad.server.registry import SERVICES, Resources, ServiceRegistration, open_resources
+from stratad.server.tls import CertificateFiles, certificate_files
 from stratad.store.failstop import EXIT_STORAGE_FAILED, StorageFailedError
 
 _log = logging.getLogger(__name__)
@@ -57,6 +60,7 @@ class StratadServer:
         *,
         addresses: Sequence[str] = (),
         metrics: Metrics | None = None,
+        tls: CertificateFiles | None = None,
     ) -> None:
         self._server = server
         #: The health servicer, for code that must change a service's status.
@@ -64,12 +68,14 @@ class StratadServer:
         self._resources = resources
         #: The address clients dial: the listen address with the real port.
         self.address = address
-        #: Every service listed by reflection, health and reflection included.
+        #: Every service served: the application services, health, reflection if on.
         self.service_names = tuple(service_names)
         #: Every address served: `address`, then the unix socket (listen_unix) if any.
         self.addresses = tuple(addresses) or (address,)
         #: The Prometheus metrics (None when metrics_listen is off).
         self.metrics = metrics
+        #: The TLS files of the TCP listener (None: plaintext).
+        self.tls = tls
 
     @property
     def metrics_address(self) -> str:
@@ -98,26 +104,43 @@ async def start_server(
     """Build the server, bind it, start it and report every service SERVING."""
     config = resources.config
     metrics = (
-        Metrics(resources.engine, resources.data_dir.path, config.metrics_stats_interval)
+        Metrics(
+            resources.engine,
+            resources.data_dir.path,
+            config.metrics_stats_interval,
+            tenant_labels=config.metrics_tenant_labels,
+        )
         if config.metrics_listen
         else None
     )
     observers: list[CallObserver] = [metrics] if metrics is not None else []
+    # The budget first: a request it refuses is never decoded. Then requests:
+    # RequestInterceptor sees the status ErrorInterceptor made of an exception.
+    limits = [LimitsInterceptor(resources.budget)] if resources.budget is not None else []
     server = grpc.aio.server(
-        # Requests first: it sees the status ErrorInterceptor made of an exception.
-        interceptors=[RequestInterceptor(observers), ErrorInterceptor()],
+        # Auth after errors: a refusal is an exception that becomes its status.
+        interceptors=[
+            *limits,
+            RequestInterceptor(observers),
+            ErrorInterceptor(),
+            auth_interceptor(config.auth, config.auth_tokens_file),
+        ],
         options=server_options(config),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
     )
     app_names = [_add_service(server, registration, resources) for registration in services]
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    all_names = [*app_names, HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME]
-    reflection.enable_server_reflection(all_names, server)
-    address = _bind(server, config.listen)
+    all_names = [*app_names, HEALTH_SERVICE_NAME]
+    if config.reflection:
+        all_names.append(REFLECTION_SERVICE_NAME)
+        reflection.enable_server_reflection(all_names, server)
+    tls = certificate_files(config)
+    address = _bind(server, config.listen, tls)
     addresses = [address]
     if config.listen_unix:
-        addresses.append(_bind(server, config.listen_unix))
+        addresses.append(_bind(server, config.listen_unix, None))
+    _warn_if_exposed(config)
     if metrics is not None:
         metrics.start(config.metrics_listen)
     # HealthServicer starts with "" SERVING: nothing is ready until start() returns.
@@ -131,7 +154,14 @@ async def start_server(
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
     return StratadServer(
-        server, health, resources, address, all_names, addresses=addresses, metrics=metrics
+        server,
+        health,
+        resources,
+        address,
+        all_names,
+        addresses=addresses,
+        metrics=metrics,
+        tls=tls,
     )
 
 
@@ -158,17 +188,37 @@ def _add_service(server: Any, registration: ServiceRegistration, resources: Reso
     return registration.name
 
 
-def _bind(server: Any, listen: str) -> str:
-    if listen.startswith("unix:"):
+def _bind(server: Any, listen: str, tls: CertificateFiles | None) -> str:
+    """Listen on ``listen``: TLS on TCP when configured; a unix socket is always plaintext
+    (who may connect is a matter of its file permissions)."""
+    unix = listen.startswith("unix:")
+    if unix:
         _refuse_live_unix_socket(listen)
     try:
-        port = server.add_insecure_port(listen)
+        if tls is not None and not unix:
+            port = server.add_secure_port(listen, tls.credentials())
+        else:
+            port = server.add_insecure_port(listen)
     except RuntimeError as exc:
         raise ServerStartError(f"cannot listen on {listen}: {exc}") from None
     if listen.startswith("unix:"):
         return listen
     host = listen.rpartition(":")[0]
     return f"{host}:{port}"
+
+
+def _warn_if_exposed(config: Config) -> None:
+    # Config refuses this unless allow_insecure is set; say so at every start anyway.
+    if config.plaintext_exposed:
+        open_to_all = (
+            ", and with auth off anyone who reaches it can read and change every tenant's state"
+        )
+        _log.warning(
+            "serving plaintext gRPC on %s (allow_insecure = true): states and tokens "
+            "cross the network unencrypted%s; see docs/security.md",
+            config.listen,
+            open_to_all if config.auth == "off" else "",
+        )
 
 
 def _refuse_live_unix_socket(listen: str) -> None:

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import dataclasses
 import inspect
 import logging
 import time
@@ -80,11 +82,15 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 
 class UndecodableRequest:
-    """What the request deserializer returns for bytes that are not a valid message."""
+    """What a request deserializer returns instead of a message it did not decode.
+
+    Bytes that are not a valid message (INVALID_ARGUMENT), or a request that
+    the in-flight budget refused before decoding it (server/limits.py).
+    """
 
     __slots__ = ("error",)
 
-    def __init__(self, error: InvalidArgumentError) -> None:
+    def __init__(self, error: StratadError) -> None:
         self.error = error
 
 
@@ -374,6 +380,7 @@ class _Watch:
         self.session = ""
         self.started = time.perf_counter()
         self.token = current_request_id.set(call.request_id)
+        self.watch_token = _current_watch.set(self)
         for observer in observers:
             observer.call_started(call)
 
@@ -386,6 +393,8 @@ class _Watch:
         seconds = time.perf_counter() - self.started
         code = _final_code(context, exc)
         result = CallResult(self.call, self.session, code, seconds, response)
+        with contextlib.suppress(ValueError):  # finished in another context
+            _current_watch.reset(self.watch_token)
         for observer in self.observers:
             try:
                 observer.call_finished(result)
@@ -395,6 +404,24 @@ class _Watch:
             _log_request(result)
         with contextlib.suppress(ValueError):  # finished in another context
             current_request_id.reset(self.token)
+
+
+#: The call being observed, for `settle_tenant`.
+_current_watch: contextvars.ContextVar[_Watch | None] = contextvars.ContextVar(
+    "stratad_current_watch", default=None
+)
+
+
+def settle_tenant(tenant: str) -> None:
+    """Record the tenant authentication gave the current call.
+
+    CallInfo.tenant starts as the ``x-stratad-tenant`` header; with auth on
+    the credential decides, and the request log and the per-tenant metrics
+    of the finished call must show that tenant, not what the header said.
+    """
+    watch = _current_watch.get()
+    if watch is not None:
+        watch.call = dataclasses.replace(watch.call, tenant=tenant)
 
 
 def _final_code(context: Any, exc: BaseException | None) -> str:
@@ -554,4 +581,5 @@ __all__ = [
     "RequestInterceptor",
     "UndecodableRequest",
     "current_request_id",
+    "settle_tenant",
 ]

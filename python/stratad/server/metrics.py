@@ -16,7 +16,10 @@ one test process never share counters). The metrics are:
   checkpoints, tenants; ``stratad_sessions{status}`` and
   ``stratad_sessions_open`` (active + paused) are counted on every scrape.
 - maintenance: ``stratad_gc_*`` and ``stratad_verify_*`` from the results
-  of the CollectGarbage and Verify calls, by tenant.
+  of the CollectGarbage and Verify calls, by tenant. Tenant names come from
+  callers, so they are label values only for the first
+  ``metrics_tenant_labels`` existing tenants seen (`TenantLabels`); every
+  other tenant is ``_other``. No other metric has a tenant label.
 - ``stratad_build_info{version}`` and the process collector's ``process_*``.
 
 docs/deploy.md lists them with their meaning and example alerts.
@@ -27,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +72,32 @@ FSYNC_BUCKETS = (
 )  # fmt: skip
 
 ADMIN_SERVICE = "stratad.api.v1.AdminService"
+#: The tenant label of every tenant without a label value of its own.
+OTHER_TENANTS = "_other"
+
+
+class TenantLabels:
+    """Tenant names as label values, for at most `limit` tenants: series stay bounded.
+
+    A tenant gets its own value when first seen while fewer than `limit` have
+    one, and only if it exists (`exists`): a caller cannot use up the names
+    with made-up tenants. The rest share OTHER_TENANTS.
+    """
+
+    def __init__(self, limit: int, exists: Callable[[str], bool] = lambda _: True) -> None:
+        self._limit = limit
+        self._exists = exists
+        self._named: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, tenant: str) -> str:
+        with self._lock:
+            if tenant in self._named:
+                return tenant
+            if len(self._named) < self._limit and self._exists(tenant):
+                self._named.add(tenant)
+                return tenant
+        return OTHER_TENANTS
 
 
 class MetricsStartError(UnavailableError):
@@ -79,7 +108,11 @@ class Metrics:
     """The daemon's metrics registry, its gRPC call observer and its HTTP endpoint."""
 
     def __init__(
-        self, engine: Engine | None, data_dir: Path | None, stats_interval: float = 30.0
+        self,
+        engine: Engine | None,
+        data_dir: Path | None,
+        stats_interval: float = 30.0,
+        tenant_labels: int = 0,
     ) -> None:
         # No `*_created` series: they double the output and no dashboard reads them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -168,6 +201,10 @@ class Metrics:
         PlatformCollector(registry=r)
         if engine is not None:
             r.register(StoreCollector(engine, stats_interval))
+        store = engine.store if engine is not None else None
+        self.tenant_label = TenantLabels(
+            tenant_labels, lambda t: store is None or store.find_tenant(t) is not None
+        )
         self._data_dir = str(data_dir.resolve()) if data_dir is not None else None
         self._http: Any = None
         self._thread: threading.Thread | None = None
@@ -188,7 +225,7 @@ class Metrics:
             self._admin_result(call, result.response)
 
     def _admin_result(self, call: CallInfo, response: Any) -> None:
-        tenant = call.tenant
+        tenant = self.tenant_label(call.tenant)
         now = time.time()
         if call.name == "CollectGarbage":
             self.gc_runs.labels(tenant).inc()
@@ -354,4 +391,4 @@ class StoreCollector(Collector):
             return self._stats
 
 
-__all__ = ["Metrics", "MetricsStartError", "StoreCollector"]
+__all__ = ["OTHER_TENANTS", "Metrics", "MetricsStartError", "StoreCollector", "TenantLabels"]

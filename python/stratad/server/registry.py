@@ -31,6 +31,8 @@ from typing import Any
 
 from stratad.config import Config
 from stratad.domain.engine import Engine
+from stratad.domain.quotas import Quotas
+from stratad.server.limits import InflightBudget
 from stratad.store.datadir import DataDir, open_data_dir
 from stratad.store.remote import RemoteTier
 
@@ -50,6 +52,8 @@ class Resources:
     engine: Engine
     #: Where servicers run blocking domain work, off the event loop.
     executor: ThreadPoolExecutor
+    #: Memory budget of the requests in flight (None: max_inflight_bytes = 0).
+    budget: InflightBudget | None = None
     #: Set when shutdown begins. Long-lived streams (watches) should end when
     #: it is set, or graceful shutdown waits out the whole grace period.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -64,6 +68,11 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
             durability=config.durability,
             fsync_interval=config.fsync_interval_ms / 1000,
             max_state_bytes=config.max_message_bytes,
+            quotas=Quotas(
+                tenant_stored_bytes=config.max_tenant_stored_bytes,
+                tenant_sessions=config.max_tenant_sessions,
+                session_checkpoints=config.max_session_checkpoints,
+            ),
         )
         if config.replication != "off":
             engine.replicate_to(
@@ -72,11 +81,15 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
                 node_id=config.node_id or default_node_id(),
                 lag=config.replication_lag_ms / 1000,
                 lease=config.replication_lease_ms / 1000,
+                gc_grace=config.replication_gc_grace_seconds,
             )
         engine.open()  # recovery: replay journals, cut torn tails, restore objects
         executor = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="stratad-worker")
+        budget = InflightBudget(config.max_inflight_bytes) if config.max_inflight_bytes else None
         try:
-            yield Resources(config=config, data_dir=data_dir, engine=engine, executor=executor)
+            yield Resources(
+                config=config, data_dir=data_dir, engine=engine, executor=executor, budget=budget
+            )
         finally:
             executor.shutdown(wait=True)
             engine.close()

@@ -22,8 +22,10 @@ started, so concurrent writers share fsyncs instead of queueing one each.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import itertools
 import json
 import os
 import struct
@@ -58,13 +60,26 @@ class Record:
     blobs: list[bytes] = field(default_factory=list)
 
     def encode(self) -> bytes:
+        return b"".join(self.pieces())
+
+    def pieces(self) -> list[bytes]:
+        """The encoded record as consecutive pieces: the header, then the payload's.
+
+        A save's record carries its new chunks, up to the largest state:
+        appending the pieces (writev) saves joining them into one more copy.
+        `Journal.append` writes these: a subclass that overrides `encode`
+        overrides this too.
+        """
         body = json.dumps({"k": self.kind, **self.body}, separators=(",", ":")).encode()
         parts = [_U32.pack(len(body)), body]
         for blob in self.blobs:
             parts.append(_U32.pack(len(blob)))
             parts.append(blob)
-        payload = b"".join(parts)
-        return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+        length, crc = 0, 0
+        for part in parts:
+            length += len(part)
+            crc = zlib.crc32(part, crc)
+        return [_HEADER.pack(length, crc), *parts]
 
     @classmethod
     def decode_payload(cls, payload: bytes) -> Record:
@@ -103,7 +118,11 @@ def read_records(path: Path) -> ReplayResult:
     bytes is corruption of acknowledged data: `corrupt_at` is set and the
     records before it are returned.
     """
-    data = path.read_bytes()
+    return parse_records(path.read_bytes())
+
+
+def parse_records(data: bytes) -> ReplayResult:
+    """`read_records` of journal bytes held in memory (e.g. a replicated segment)."""
     records: list[Record] = []
     pos = 0
     while pos < len(data):
@@ -175,10 +194,38 @@ def _valid_run_end(data: bytes, start: int) -> int | None:
     return end
 
 
-class Journal:
-    """An open journal file; thread-safe appends and group-committed syncs."""
+class SizeTally:
+    """The total size of a set of open journals (a tenant's sessions), kept as it changes."""
 
-    def __init__(self, path: Path, *, durable: bool, fail_stop: FailStop | None = None) -> None:
+    def __init__(self) -> None:
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._bytes += n
+
+
+class Journal:
+    """An open journal file; thread-safe appends and group-committed syncs.
+
+    With a `SizeTally`, the journal counts in it while it is open: its size
+    when opened, every append, minus its size when closed (a compaction
+    opens the new file before closing the old one; a deletion closes it).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        durable: bool,
+        fail_stop: FailStop | None = None,
+        tally: SizeTally | None = None,
+    ) -> None:
         self.path = path
         self._durable = durable
         # A failed fsync stops every journal of the data directory (failstop.py).
@@ -188,6 +235,9 @@ class Journal:
         self._synced = self._size
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
+        self._tally = tally
+        if tally is not None:
+            tally.add(self._size)
 
     @property
     def size(self) -> int:
@@ -203,18 +253,21 @@ class Journal:
 
     def append(self, record: Record) -> int:
         """Append one record (not yet synced); return the offset after it."""
-        data = record.encode()
+        pieces = record.pieces()
+        size = sum(len(piece) for piece in pieces)
         self._fail_stop.check_writable()
         with self._append_lock:
             start = self._size
             try:
-                _write_all(self._fd, data)
+                _write_pieces(self._fd, pieces)
             except OSError as exc:
                 # Never leave a partial record behind a later good one.
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, start)
                 raise storage_error(exc, "journal append") from exc
-            self._size = start + len(data)
+            self._size = start + size
+            if self._tally is not None:
+                self._tally.add(size)
             return self._size
 
     def sync(self, upto: int | None = None) -> None:
@@ -252,6 +305,10 @@ class Journal:
                 observe(self.path, time.perf_counter() - started)
 
     def close(self) -> None:
+        with self._append_lock:
+            tally, self._tally = self._tally, None  # counted out once, however often closed
+        if tally is not None:
+            tally.add(-self._size)
         with contextlib.suppress(OSError):
             os.close(self._fd)
 
@@ -303,6 +360,23 @@ def fsync_dir_or_trip(path: Path, fail_stop: FailStop) -> None:
         fsync_dir(path)
     except OSError as exc:
         raise fail_stop.trip(f"fsync of directory {path}", exc) from exc
+
+
+#: Buffers one writev may take (POSIX guarantees at least 16; Linux has 1024).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
+
+
+def _write_pieces(fd: int, pieces: list[bytes]) -> None:
+    """Write the pieces in order with writev, resuming after a short write."""
+    views = collections.deque(memoryview(piece) for piece in pieces if piece)
+    while views:
+        written = os.writev(fd, list(itertools.islice(views, _IOV_MAX)))
+        while written:
+            if written >= len(views[0]):
+                written -= len(views.popleft())
+            else:
+                views[0] = views[0][written:]
+                written = 0
 
 
 def _write_all(fd: int, data: bytes) -> None:

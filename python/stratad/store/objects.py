@@ -50,6 +50,8 @@ class ObjectStore:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._sizes: dict[str, int] = {}
+        # sum(_sizes.values()), kept as it changes: quotas read it on every save.
+        self._stored = 0
         # digest -> frame, for objects not yet written to their file.
         self._pending: dict[str, bytes] = {}
         self._pending_bytes = 0
@@ -80,10 +82,16 @@ class ObjectStore:
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
                     continue
-                self._sizes[sub.name + entry.name] = entry.stat().st_size
+                size = entry.stat().st_size
+                self._sizes[sub.name + entry.name] = size
+                self._stored += size
 
     def has(self, digest: str) -> bool:
         return digest in self._sizes
+
+    def size_of(self, digest: str) -> int:
+        """The stored (framed) size of an object; 0 if absent."""
+        return self._sizes.get(digest, 0)
 
     def digests(self) -> list[str]:
         with self._lock:
@@ -94,7 +102,7 @@ class ObjectStore:
 
     @property
     def stored_bytes(self) -> int:
-        return sum(self._sizes.values())
+        return self._stored
 
     def path_of(self, digest: str) -> Path:
         return self.root / digest[:2] / digest[2:]
@@ -135,6 +143,7 @@ class ObjectStore:
             if digest in self._sizes:
                 return 0
             self._sizes[digest] = len(frame)
+            self._stored += len(frame)
             self._pending[digest] = frame
             self._pending_bytes += len(frame)
             self._unsynced[digest] = owner
@@ -155,7 +164,7 @@ class ObjectStore:
             except (DataLossError, CorruptObjectError):
                 pass
             with self._lock:
-                self._sizes.pop(digest, None)
+                self._stored -= self._sizes.pop(digest, 0)
         self.put(digest, frame, owner)
         return True
 
@@ -250,6 +259,7 @@ class ObjectStore:
     def delete(self, digest: str) -> int:
         with self._lock:
             size = self._sizes.pop(digest, 0)
+            self._stored -= size
             frame = self._pending.pop(digest, None)
             if frame is not None:
                 self._pending_bytes -= len(frame)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ from stratad.errors import (
 from stratad.store.objects import NO_SIZE_LIMIT
 
 HEAD_FORMAT = 1
+#: How often (seconds) uploaders re-read the list of condemned packs. A pack is
+#: deleted only a grace period after it was condemned, so this must be well
+#: below the shortest grace period in use (docs/replication.md).
+CONDEMNED_REFRESH = 60.0
 
 
 class LeaseLostError(FailedPreconditionError):
@@ -110,8 +115,13 @@ class RemoteTier:
         self.store = store
         self._lock = threading.Lock()
         # tenant -> digest -> (pack path, offset, length)
-        self._index: dict[str, dict[str, tuple[str, int, int]]] = {}
+        # tenant -> digest -> every (pack, offset, length) holding it: an object
+        # a collection condemned may have been uploaded again into a new pack.
+        self._index: dict[str, dict[str, list[tuple[str, int, int]]]] = {}
         self._seen_indexes: dict[str, set[str]] = {}
+        # tenant -> packs a collection condemned, and when that list was read.
+        self._condemned: dict[str, set[str]] = {}
+        self._condemned_read: dict[str, float] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RemoteTier:
@@ -139,18 +149,48 @@ class RemoteTier:
         self._put(f"{name}.pack", b"".join(parts))
         self._put(f"{name}.idx", json.dumps({"objects": offsets}).encode())
         with self._lock:
-            index = self._index.setdefault(tenant, {})
-            for digest, (offset, length) in offsets.items():
-                index[digest] = (f"{name}.pack", offset, length)
+            self._add_locations(tenant, f"{name}.pack", offsets)
             self._seen_indexes.setdefault(tenant, set()).add(f"{name}.idx")
         return pos
 
+    def _add_locations(self, tenant: str, pack: str, entries: dict[str, Any]) -> None:
+        """Record where a pack holds its objects (lock held)."""
+        index = self._index.setdefault(tenant, {})
+        for digest, (offset, length) in entries.items():
+            index.setdefault(digest, []).append((pack, int(offset), int(length)))
+
+    def _where(self, tenant: str, digest: str) -> tuple[str, int, int] | None:
+        """Where to read an object: a pack that is not condemned if there is one (lock held)."""
+        places = self._index.get(tenant, {}).get(digest, [])
+        condemned = self._condemned.get(tenant, set())
+        live = [p for p in places if p[0] not in condemned]
+        chosen = live or places
+        return chosen[0] if chosen else None
+
     def known_objects(self, tenant: str, *, refresh: bool = True) -> set[str]:
-        """Digests the remote holds for `tenant` (reads new pack indexes when asked)."""
+        """Digests an upload may dedup against: in object storage and not condemned.
+
+        An object in a pack a collection condemned is treated as absent (a save
+        uploads its own copy), so that deleting the pack after the grace period
+        cannot take away what a new save references. The condemned list is
+        re-read at least every CONDEMNED_REFRESH seconds.
+        """
         if refresh or tenant not in self._index:
             self._load_indexes(tenant)
+        if time.monotonic() - self._condemned_read.get(tenant, -CONDEMNED_REFRESH) >= (
+            CONDEMNED_REFRESH
+        ):
+            condemned, _ = self.read_condemned(tenant)
+            with self._lock:
+                self._condemned[tenant] = set(condemned)
+                self._condemned_read[tenant] = time.monotonic()
         with self._lock:
-            return set(self._index.get(tenant, {}))
+            skip = self._condemned.get(tenant, set())
+            return {
+                digest
+                for digest, places in self._index.get(tenant, {}).items()
+                if any(pack not in skip for pack, _, _ in places)
+            }
 
     def _load_indexes(self, tenant: str) -> None:
         seen = self._seen_indexes.setdefault(tenant, set())
@@ -164,9 +204,7 @@ class RemoteTier:
                 raise DataLossError(f"remote pack index {path} is damaged: {exc}") from exc
             pack = path[: -len(".idx")] + ".pack"
             with self._lock:
-                index = self._index.setdefault(tenant, {})
-                for digest, (offset, length) in entries.items():
-                    index[digest] = (pack, int(offset), int(length))
+                self._add_locations(tenant, pack, entries)
                 seen.add(path)
         with self._lock:
             self._index.setdefault(tenant, {})
@@ -182,9 +220,8 @@ class RemoteTier:
         found: dict[str, bytes] = {}
         by_pack: dict[str, list[tuple[str, int, int]]] = {}
         with self._lock:
-            index = self._index.get(tenant, {})
             for digest in wanted:
-                where = index.get(digest)
+                where = self._where(tenant, digest)
                 if where is None:
                     raise DataLossError(
                         f"object {digest} is in neither the local nor the remote store"
@@ -198,8 +235,100 @@ class RemoteTier:
             except Exception as exc:
                 raise _unavailable(f"reading {pack}", exc) from exc
             for (digest, _, _), data in zip(items, ranges, strict=True):
-                found[digest] = _verified(digest, bytes(data), pack)
+                found[digest] = verified_frame(digest, bytes(data), pack)
         return found
+
+    def packs(self, tenant: str) -> dict[str, list[tuple[str, int, int]]]:
+        """pack path -> its objects (digest, offset, length), from every index."""
+        self._load_indexes(tenant)
+        by_pack: dict[str, list[tuple[str, int, int]]] = {}
+        with self._lock:
+            for digest, places in self._index.get(tenant, {}).items():
+                for pack, offset, length in places:
+                    by_pack.setdefault(pack, []).append((digest, offset, length))
+        return by_pack
+
+    def read_pack(self, pack: str) -> bytes:
+        try:
+            return self._get(pack)
+        except (RemoteNotFoundError, FileNotFoundError):
+            raise DataLossError(f"remote pack {pack} is missing") from None
+
+    # -- garbage collection of packs ---------------------------------------------
+
+    @staticmethod
+    def condemned_path(tenant: str) -> str:
+        return f"tenants/{tenant}/packs/CONDEMNED"
+
+    def read_condemned(self, tenant: str) -> tuple[dict[str, float], dict[str, Any] | None]:
+        """pack -> when a collection condemned it, and the version for a conditional write."""
+        path = self.condemned_path(tenant)
+        try:
+            result = obstore.get(self.store, path)
+            raw = bytes(result.bytes())
+        except (RemoteNotFoundError, FileNotFoundError):
+            return {}, None
+        except Exception as exc:
+            raise _unavailable(f"reading {path}", exc) from exc
+        try:
+            condemned = {str(k): float(v) for k, v in json.loads(raw)["packs"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DataLossError(f"{path} is damaged: {exc}") from exc
+        meta = result.meta
+        return condemned, _version(meta.get("e_tag"), meta.get("version"))
+
+    def write_condemned(
+        self, tenant: str, condemned: dict[str, float], version: dict[str, Any] | None
+    ) -> None:
+        """Replace the condemned list iff nobody else did since `version` (else LeaseLost)."""
+        path = self.condemned_path(tenant)
+        body = json.dumps({"packs": condemned}, separators=(",", ":")).encode()
+        mode: Any = "create" if version is None else version
+        try:
+            obstore.put(self.store, path, body, mode=mode)
+        except (RemotePreconditionError, RemoteExistsError) as exc:
+            raise LeaseLostError(
+                f"another collection of tenant {tenant!r} ran at the same time; try again"
+            ) from exc
+        except Exception as exc:
+            raise _unavailable(f"writing {path}", exc) from exc
+        with self._lock:
+            self._condemned[tenant] = set(condemned)
+
+    def pack_ages(self, tenant: str) -> dict[str, float]:
+        """pack path -> seconds since its index was written (packs whose index exists)."""
+        prefix = f"tenants/{tenant}/packs/"
+        try:
+            metas = [m for batch in obstore.list(self.store, prefix) for m in batch]
+        except Exception as exc:
+            raise _unavailable(f"listing {prefix}", exc) from exc
+        now = time.time()
+        return {
+            m["path"][: -len(".idx")] + ".pack": now - m["last_modified"].timestamp()
+            for m in metas
+            if m["path"].endswith(".idx")
+        }
+
+    def delete_pack(self, tenant: str, pack: str) -> None:
+        """Delete a pack: its index first, so that no reader finds objects without bytes."""
+        index = pack[: -len(".pack")] + ".idx"
+        for path in (index, pack):
+            try:
+                obstore.delete(self.store, path)
+            except (RemoteNotFoundError, FileNotFoundError):
+                pass
+            except Exception as exc:
+                raise _unavailable(f"deleting {path}", exc) from exc
+        with self._lock:
+            index_of = self._index.get(tenant, {})
+            for digest, places in list(index_of.items()):
+                kept = [p for p in places if p[0] != pack]
+                if kept:
+                    index_of[digest] = kept
+                else:
+                    del index_of[digest]
+            self._seen_indexes.get(tenant, set()).discard(index)
+            self._condemned.get(tenant, set()).discard(pack)
 
     # -- sessions ----------------------------------------------------------------
 
@@ -249,10 +378,13 @@ class RemoteTier:
             raise _unavailable(f"deleting {path}/seg/{name}", exc) from exc
 
     def list_sessions(self, tenant: str) -> list[str]:
+        """IDs of the tenant's sessions in object storage (tombstoned ones included)."""
         prefix = f"tenants/{tenant}/sessions/"
-        return sorted(
-            {p[len(prefix) :].split("/", 1)[0] for p in self._list(prefix) if p.endswith("/HEAD")}
-        )
+        try:
+            found = obstore.list_with_delimiter(self.store, prefix)
+        except Exception as exc:
+            raise _unavailable(f"listing {prefix}", exc) from exc
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -287,7 +419,7 @@ def _version(e_tag: str | None, version: str | None) -> dict[str, Any]:
     return {k: v for k, v in found.items() if v is not None}
 
 
-def _verified(digest: str, frame: bytes, pack: str) -> bytes:
+def verified_frame(digest: str, frame: bytes, pack: str) -> bytes:
     """A frame from object storage, re-hashed: a damaged remote copy is never taken in."""
     try:
         found = native.verify_frame(frame, NO_SIZE_LIMIT)

@@ -26,7 +26,7 @@ from stratad.errors import ResourceExhaustedError
 from stratad.store import journal as journal_mod
 from stratad.store.failstop import FailStop, ReadOnlyError
 from stratad.store.fsync import make_dirs
-from stratad.store.journal import Journal, Record, storage_error
+from stratad.store.journal import Journal, Record, SizeTally, storage_error
 from stratad.store.tenant import TenantStore
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class Store:
     # -- tenants -------------------------------------------------------------
 
     def tenant(self, name: str) -> TenantStore:
+        """The tenant's store, created (directories and all) on first use: for writes."""
         with self._lock:
             existing = self._tenants.get(name)
             if existing is not None:
@@ -78,6 +79,16 @@ class Store:
             self._tenants[name] = tenant
             self._watch_objects(tenant)
             return tenant
+
+    def find_tenant(self, name: str) -> TenantStore | None:
+        """A tenant that exists, or None; unlike `tenant`, never creates one.
+
+        Every tenant on disk is loaded at start-up (recovery), and every one
+        created since is loaded: reads use this, so that asking about a tenant
+        that does not exist leaves no directory behind.
+        """
+        with self._lock:
+            return self._tenants.get(name)
 
     def on_new_object(self, listener: Callable[[str, str], None]) -> None:
         """Call `listener(tenant, digest)` for every object added to any tenant."""
@@ -124,9 +135,11 @@ class Store:
 
     # -- journals ------------------------------------------------------------
 
-    def open_journal(self, path: Path) -> Journal:
+    def open_journal(self, path: Path, tally: SizeTally | None = None) -> Journal:
         self.fail_stop.check()
-        journal = Journal(path, durable=self.durability == "fsync", fail_stop=self.fail_stop)
+        journal = Journal(
+            path, durable=self.durability == "fsync", fail_stop=self.fail_stop, tally=tally
+        )
         self._journals.add(journal)
         return journal
 

@@ -17,6 +17,7 @@ from stratad.errors import DataLossError
 from stratad.store import manifest
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import make_dirs
+from stratad.store.journal import SizeTally
 from stratad.store.objects import ObjectStore
 
 #: How a checkpoint's root object is to be read.
@@ -50,6 +51,8 @@ class TenantStore:
         self.sessions_root = root / "sessions"
         make_dirs(self.sessions_root)
         self.objects = ObjectStore(root / "objects", fail_stop)
+        #: The size of the tenant's open session journals (see `stored_bytes`).
+        self.journal_bytes = SizeTally()
         self.max_object_bytes = max_object_bytes
         self._manifests: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -61,6 +64,11 @@ class TenantStore:
         # `gc_touched` under the first, which would then sweep objects that a
         # save revived meanwhile. A second caller waits for the first.
         self.gc_running = threading.Lock()
+
+    @property
+    def stored_bytes(self) -> int:
+        """Object files and session journals: what GetStoreStats counts, without a walk."""
+        return self.objects.stored_bytes + self.journal_bytes.bytes
 
     # -- write -------------------------------------------------------------
 
@@ -137,6 +145,23 @@ class TenantStore:
             if self.gc_touched is not None:
                 self.gc_touched.update(self.closure(state.root, state.root_kind, state.entries))
         return inline
+
+    def added_bytes(self, state: StoredState, owner: str) -> int:
+        """What committing `state` for `owner` (and journaling it) adds to the store.
+
+        A new object counts twice: its file, and the copy its journal record
+        carries; an existing one the record must carry (see needs_inline), once.
+        """
+        added = 0
+        for digest, frame in state.new_objects:
+            if not self.objects.has(digest):
+                added += 2 * len(frame)
+            elif self.objects.needs_inline(digest, owner):
+                added += len(frame)
+        for digest in self._referenced_existing(state):
+            if self.objects.needs_inline(digest, owner):
+                added += self.objects.size_of(digest)
+        return added
 
     def _referenced_existing(self, state: StoredState) -> list[str]:
         """Objects the state points at without carrying them (chunks it dedups, its base)."""

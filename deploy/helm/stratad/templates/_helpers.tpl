@@ -31,6 +31,20 @@ unix:{{ .Values.stratad.socketDir }}/stratad.sock
 {{/* stratad.toml: the computed addresses, then the user's keys. */}}
 {{- define "stratad.config" -}}
 {{- $config := dict "listen" (printf "0.0.0.0:%d" (int .Values.stratad.grpcPort)) "data_dir" "/var/lib/stratad" -}}
+{{- if .Values.tls.enabled -}}
+{{- $_ := set $config "tls_cert_file" "/etc/stratad-tls/tls.crt" -}}
+{{- $_ := set $config "tls_key_file" "/etc/stratad-tls/tls.key" -}}
+{{- if .Values.tls.clientAuth -}}
+{{- $_ := set $config "tls_client_ca_file" "/etc/stratad-tls/ca.crt" -}}
+{{- end -}}
+{{- else -}}
+{{- /* Plaintext on the pod IP (kubelet's gRPC probes): the NetworkPolicy keeps other pods off it. */ -}}
+{{- $_ := set $config "allow_insecure" true -}}
+{{- end -}}
+{{- if ne .Values.auth.mode "off" -}}
+{{- $_ := set $config "auth" .Values.auth.mode -}}
+{{- $_ := set $config "auth_tokens_file" (printf "/etc/stratad-auth/%s" .Values.auth.tokensKey) -}}
+{{- end -}}
 {{- if .Values.stratad.socketDir -}}
 {{- $_ := set $config "listen_unix" (printf "%s/stratad.sock" .Values.stratad.socketDir) -}}
 {{- end -}}
@@ -42,6 +56,9 @@ unix:{{ .Values.stratad.socketDir }}/stratad.sock
 {{- range $key, $value := .Values.stratad.config -}}
 {{- if has $key (list "listen" "listen_unix" "data_dir" "metrics_listen") -}}
 {{- fail (printf "stratad.config.%s is set from the chart's values (grpcPort, socketDir, metricsPort); remove it" $key) -}}
+{{- end -}}
+{{- if has $key (list "tls_cert_file" "tls_key_file" "tls_client_ca_file" "allow_insecure" "auth" "auth_tokens_file") -}}
+{{- fail (printf "stratad.config.%s is set from the chart's tls and auth values; remove it" $key) -}}
 {{- end -}}
 {{- $_ := set $config $key $value -}}
 {{- end -}}
@@ -68,6 +85,51 @@ unix:{{ .Values.stratad.socketDir }}/stratad.sock
 {{- else }}
 {{- fail (printf "stratad.config.%s must be a string, number or boolean" $key) }}
 {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Settings that only make sense together; fail early with the fix. */}}
+{{- define "stratad.checkSecurity" -}}
+{{- if not (has .Values.auth.mode (list "off" "token" "mtls" "token_or_mtls")) -}}
+{{- fail (printf "auth.mode must be off, token, mtls or token_or_mtls, not %q" .Values.auth.mode) -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) -}}
+{{- fail "tls.enabled needs tls.secretName (a kubernetes.io/tls Secret)" -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.stratad.socketDir) -}}
+{{- fail "tls.enabled needs stratad.socketDir: kubelet's gRPC probes cannot speak TLS, so the probes use the unix socket" -}}
+{{- end -}}
+{{- if and .Values.tls.clientAuth (not .Values.tls.enabled) -}}
+{{- fail "tls.clientAuth needs tls.enabled" -}}
+{{- end -}}
+{{- if and (ne .Values.auth.mode "off") (not .Values.auth.tokensSecret) -}}
+{{- fail "auth.mode needs auth.tokensSecret (the identities file)" -}}
+{{- end -}}
+{{- if and (has .Values.auth.mode (list "mtls" "token_or_mtls")) (not .Values.tls.clientAuth) -}}
+{{- fail (printf "auth.mode %s identifies clients by certificate: set tls.clientAuth" .Values.auth.mode) -}}
+{{- end -}}
+{{- if and .Values.networkPolicy.grpcFrom (or (not .Values.tls.enabled) (eq .Values.auth.mode "off")) -}}
+{{- fail "networkPolicy.grpcFrom opens the gRPC port to other pods: set tls.enabled and an auth.mode first" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A probe of stratad's health: gRPC on the port, or with TLS `stratad ctl health` on the socket. */}}
+{{- define "stratad.probe" -}}
+{{- $root := index . 0 -}}
+{{- $settings := index . 1 -}}
+{{- if $root.Values.tls.enabled }}
+exec:
+  command: ["stratad", "ctl", "--address", "unix:{{ $root.Values.stratad.socketDir }}/stratad.sock", "--timeout", "5", "health"]
+{{- if not (hasKey $settings "timeoutSeconds") }}
+# A Python process per probe: give it more than the default second.
+timeoutSeconds: 5
+{{- end }}
+{{- else }}
+grpc:
+  port: {{ $root.Values.stratad.grpcPort }}
+{{- end }}
+{{- with $settings }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
@@ -164,17 +226,11 @@ spec:
           protocol: TCP
         {{- end }}
       startupProbe:
-        grpc:
-          port: {{ .Values.stratad.grpcPort }}
-        {{- toYaml .Values.stratad.startupProbe | nindent 8 }}
+        {{- include "stratad.probe" (list . .Values.stratad.startupProbe) | trim | nindent 8 }}
       readinessProbe:
-        grpc:
-          port: {{ .Values.stratad.grpcPort }}
-        {{- toYaml .Values.stratad.readinessProbe | nindent 8 }}
+        {{- include "stratad.probe" (list . .Values.stratad.readinessProbe) | trim | nindent 8 }}
       livenessProbe:
-        grpc:
-          port: {{ .Values.stratad.grpcPort }}
-        {{- toYaml .Values.stratad.livenessProbe | nindent 8 }}
+        {{- include "stratad.probe" (list . .Values.stratad.livenessProbe) | trim | nindent 8 }}
       resources:
         {{- toYaml .Values.stratad.resources | nindent 8 }}
       securityContext:
@@ -189,6 +245,17 @@ spec:
         - name: stratad-config
           mountPath: /etc/stratad
           readOnly: true
+        {{- if .Values.tls.enabled }}
+        # A whole Secret volume, never subPath: only then do updates reach the files.
+        - name: stratad-tls
+          mountPath: /etc/stratad-tls
+          readOnly: true
+        {{- end }}
+        {{- if ne .Values.auth.mode "off" }}
+        - name: stratad-auth
+          mountPath: /etc/stratad-auth
+          readOnly: true
+        {{- end }}
   containers:
     - name: {{ .Values.agent.name }}
       image: {{ printf "%s:%s" .Values.agent.image.repository .Values.agent.image.tag }}
@@ -204,6 +271,10 @@ spec:
       env:
         - name: STRATAD_ADDRESS
           value: {{ include "stratad.address" . | quote }}
+        {{- if .Values.auth.agentTokenSecret }}
+        - name: STRATAD_TOKEN_FILE
+          value: /etc/stratad-token/{{ .Values.auth.agentTokenKey }}
+        {{- end }}
         {{- with .Values.agent.env }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -215,11 +286,16 @@ spec:
         {{- toYaml .Values.agent.resources | nindent 8 }}
       securityContext:
         {{- toYaml .Values.agent.securityContext | nindent 8 }}
-      {{- if or .Values.stratad.socketDir .Values.agent.volumeMounts }}
+      {{- if or .Values.stratad.socketDir .Values.agent.volumeMounts .Values.auth.agentTokenSecret }}
       volumeMounts:
         {{- if .Values.stratad.socketDir }}
         - name: stratad-socket
           mountPath: {{ .Values.stratad.socketDir }}
+        {{- end }}
+        {{- if .Values.auth.agentTokenSecret }}
+        - name: stratad-token
+          mountPath: /etc/stratad-token
+          readOnly: true
         {{- end }}
         {{- with .Values.agent.volumeMounts }}
         {{- toYaml . | nindent 8 }}
@@ -245,6 +321,24 @@ spec:
     - name: stratad-config
       configMap:
         name: {{ include "stratad.name" . }}-config
+    {{- if .Values.tls.enabled }}
+    - name: stratad-tls
+      secret:
+        secretName: {{ .Values.tls.secretName }}
+        defaultMode: 0440
+    {{- end }}
+    {{- if ne .Values.auth.mode "off" }}
+    - name: stratad-auth
+      secret:
+        secretName: {{ .Values.auth.tokensSecret }}
+        defaultMode: 0440
+    {{- end }}
+    {{- if .Values.auth.agentTokenSecret }}
+    - name: stratad-token
+      secret:
+        secretName: {{ .Values.auth.agentTokenSecret }}
+        defaultMode: 0440
+    {{- end }}
     {{- with .Values.agent.extraVolumes }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

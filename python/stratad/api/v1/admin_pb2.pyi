@@ -140,13 +140,27 @@ class VerifyResponse(_message.Message):
     CORRUPT_OBJECTS_FIELD_NUMBER: _builtins.int
     DAMAGED_SESSIONS_FIELD_NUMBER: _builtins.int
     OK_FIELD_NUMBER: _builtins.int
+    REMOTE_OBJECTS_CHECKED_FIELD_NUMBER: _builtins.int
+    REMOTE_CORRUPT_OBJECTS_FIELD_NUMBER: _builtins.int
+    REMOTE_DAMAGED_SESSIONS_FIELD_NUMBER: _builtins.int
     objects_checked: _builtins.int
     ok: _builtins.bool
+    """False when anything, local or remote, is corrupt or damaged."""
+    remote_objects_checked: _builtins.int
+    """With replication: objects re-hashed in object storage (every pack)."""
     @_builtins.property
     def corrupt_objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___CorruptObject]: ...
     @_builtins.property
     def damaged_sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Sessions whose journal is damaged in the middle (not a torn tail)."""
+
+    @_builtins.property
+    def remote_corrupt_objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___CorruptObject]:
+        """With replication: objects whose copy in object storage is corrupt or missing."""
+
+    @_builtins.property
+    def remote_damaged_sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With replication: sessions whose history in object storage does not replay."""
 
     def __init__(
         self,
@@ -155,10 +169,13 @@ class VerifyResponse(_message.Message):
         corrupt_objects: _abc.Iterable[Global___CorruptObject] | None = ...,
         damaged_sessions: _abc.Iterable[_builtins.str] | None = ...,
         ok: _builtins.bool = ...,
+        remote_objects_checked: _builtins.int = ...,
+        remote_corrupt_objects: _abc.Iterable[Global___CorruptObject] | None = ...,
+        remote_damaged_sessions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_objects", b"corrupt_objects", "damaged_sessions", b"damaged_sessions", "objects_checked", b"objects_checked", "ok", b"ok"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_objects", b"corrupt_objects", "damaged_sessions", b"damaged_sessions", "objects_checked", b"objects_checked", "ok", b"ok", "remote_corrupt_objects", b"remote_corrupt_objects", "remote_damaged_sessions", b"remote_damaged_sessions", "remote_objects_checked", b"remote_objects_checked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -213,10 +230,20 @@ class CollectGarbageResponse(_message.Message):
     BYTES_FREED_FIELD_NUMBER: _builtins.int
     OBJECTS_KEPT_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    REMOTE_PACKS_DELETED_FIELD_NUMBER: _builtins.int
+    REMOTE_BYTES_FREED_FIELD_NUMBER: _builtins.int
+    REMOTE_PACKS_CONDEMNED_FIELD_NUMBER: _builtins.int
     objects_removed: _builtins.int
     bytes_freed: _builtins.int
     objects_kept: _builtins.int
     seconds: _builtins.float
+    remote_packs_deleted: _builtins.int
+    """With replication: packs deleted from object storage (condemned by an
+    earlier collection at least replication_gc_grace_seconds ago).
+    """
+    remote_bytes_freed: _builtins.int
+    remote_packs_condemned: _builtins.int
+    """With replication: unreferenced packs condemned now, deleted by a later run."""
     def __init__(
         self,
         *,
@@ -224,10 +251,13 @@ class CollectGarbageResponse(_message.Message):
         bytes_freed: _builtins.int = ...,
         objects_kept: _builtins.int = ...,
         seconds: _builtins.float = ...,
+        remote_packs_deleted: _builtins.int = ...,
+        remote_bytes_freed: _builtins.int = ...,
+        remote_packs_condemned: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_freed", b"bytes_freed", "objects_kept", b"objects_kept", "objects_removed", b"objects_removed", "seconds", b"seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_freed", b"bytes_freed", "objects_kept", b"objects_kept", "objects_removed", b"objects_removed", "remote_bytes_freed", b"remote_bytes_freed", "remote_packs_condemned", b"remote_packs_condemned", "remote_packs_deleted", b"remote_packs_deleted", "seconds", b"seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,6 +25,12 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
             ],
             damaged_sessions=report.damaged_sessions,
             ok=report.ok,
+            remote_objects_checked=report.remote_objects_checked,
+            remote_corrupt_objects=[
+                admin_pb2.CorruptObject(digest=c.digest, problem=c.problem)
+                for c in report.remote_corrupt
+            ],
+            remote_damaged_sessions=report.remote_damaged_sessions,
         )
 
     async def CollectGarbage(
@@ -36,6 +42,9 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
             bytes_freed=report.bytes_freed,
             objects_kept=report.objects_kept,
             seconds=report.seconds,
+            remote_packs_deleted=report.remote_packs_deleted,
+            remote_bytes_freed=report.remote_bytes_freed,
+            remote_packs_condemned=report.remote_packs_condemned,
         )
 
     async def GetStoreStats(

@@ -9,23 +9,28 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from stratad.domain.ids import validate_id
 from stratad.domain.sessions import Commit
+from stratad.server.auth import (
+    DEFAULT_TENANT,
+    TENANT_METADATA_KEY,
+    authenticated_tenant,
+    requested_tenant,
+)
 
 if TYPE_CHECKING:
     from stratad.server.registry import Resources
 
 T = TypeVar("T")
-TENANT_METADATA_KEY = "x-stratad-tenant"
-DEFAULT_TENANT = "default"
+__all__ = ["DEFAULT_TENANT", "TENANT_METADATA_KEY", "Servicer", "tenant_of"]
 
 
 def tenant_of(context: grpc.aio.ServicerContext) -> str:
-    """The tenant a call acts in (authentication off: the metadata value, or `default`)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == TENANT_METADATA_KEY:
-            return validate_id(str(value), "tenant")
-    return DEFAULT_TENANT
+    """The tenant a call acts in: the one its credential settled (auth on, see
+    server/auth.py), else the ``x-stratad-tenant`` metadata, else `default`."""
+    settled = authenticated_tenant()
+    if settled is not None:
+        return settled
+    return requested_tenant(context.invocation_metadata()) or DEFAULT_TENANT
 
 
 class Servicer:

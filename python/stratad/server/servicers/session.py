@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from stratad.api.v1 import session_pb2, session_pb2_grpc
-from stratad.domain.events import SessionEvent
-from stratad.errors import FailedPreconditionError
+from stratad.domain import events
+from stratad.domain.events import Lagged, QueueItem, SessionEvent
+from stratad.errors import FailedPreconditionError, ResourceExhaustedError
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import event_to_pb, session_to_pb
 
@@ -75,6 +76,8 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
                 last = replayed.version
                 yield _response(request.session_id, replayed)
             while (event := await self._next(sub.queue)) is not None:
+                if isinstance(event, Lagged):
+                    raise watcher_lagged(request.session_id, last)
                 if event.version <= last:
                     continue
                 # Writers publish after their fsync, outside the session lock, so
@@ -88,7 +91,7 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
         finally:
             self.engine.events.unsubscribe(sub)
 
-    async def _next(self, queue: asyncio.Queue[SessionEvent | None]) -> SessionEvent | None:
+    async def _next(self, queue: asyncio.Queue[QueueItem]) -> QueueItem:
         """The next event; None when the session is deleted or the daemon stops."""
         get = asyncio.ensure_future(queue.get())
         stop = asyncio.ensure_future(self.resources.stopping.wait())
@@ -97,6 +100,15 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
             if task not in done:
                 task.cancel()
         return get.result() if get in done else None
+
+
+def watcher_lagged(session_id: str, last: int) -> ResourceExhaustedError:
+    return ResourceExhaustedError(
+        f"the watcher of session {session_id!r} fell {events.WATCH_QUEUE_EVENTS} events behind "
+        f"(it is not reading its stream); watch again with from_version={last}",
+        reason="WATCHER_TOO_SLOW",
+        metadata={"resume_from_version": str(last), "queue_events": str(events.WATCH_QUEUE_EVENTS)},
+    )
 
 
 def _replay(history: list[SessionEvent], from_version: int, current: int) -> list[SessionEvent]:

@@ -1,0 +1,178 @@
+"""Where a client connects and with which credentials, from arguments or the environment.
+
+Every client of stratad (the SDK, ``stratad ctl``, the LangGraph saver, the
+compat facades) resolves its connection here, so they all read the same
+variables when an argument is not given (None or empty):
+
+=========================== ===============================================
+``STRATAD_ADDRESS``         ``HOST:PORT`` or ``unix:/path`` (default 127.0.0.1:50051)
+``STRATAD_TENANT``          the tenant to act in (auth off, or an admin)
+``STRATAD_TOKEN``           bearer token, sent as ``authorization: Bearer ...``
+``STRATAD_TOKEN_FILE``      a file holding the token (a mounted secret)
+``STRATAD_TLS``             ``true``: TLS with the system's CA certificates
+``STRATAD_TLS_CA``          PEM CA file to verify the daemon with (implies TLS)
+``STRATAD_TLS_CERT``/``_KEY``  client certificate and key for mTLS (imply TLS)
+``STRATAD_TLS_SERVER_NAME`` the name the daemon's certificate must carry, when
+                            it is not the host dialed (e.g. dialing an IP)
+=========================== ===============================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+TENANT_HEADER = "x-stratad-tenant"
+AUTHORIZATION_HEADER = "authorization"
+
+ADDRESS_ENV = "STRATAD_ADDRESS"
+TENANT_ENV = "STRATAD_TENANT"
+TOKEN_ENV = "STRATAD_TOKEN"
+TOKEN_FILE_ENV = "STRATAD_TOKEN_FILE"
+TLS_ENV = "STRATAD_TLS"
+TLS_CA_ENV = "STRATAD_TLS_CA"
+TLS_CERT_ENV = "STRATAD_TLS_CERT"
+TLS_KEY_ENV = "STRATAD_TLS_KEY"
+TLS_SERVER_NAME_ENV = "STRATAD_TLS_SERVER_NAME"
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True, slots=True)
+class TLSConfig:
+    """How to verify the daemon, and (mTLS) the certificate to show it. Paths to PEM files."""
+
+    #: CA certificates the daemon's certificate must chain to; "" = the system's.
+    ca_file: str = ""
+    #: Client certificate and its key, for a daemon that requires mTLS.
+    cert_file: str = ""
+    key_file: str = ""
+    #: The name to check the daemon's certificate for, instead of the host dialed.
+    server_name: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("a client certificate needs its key: give cert_file and key_file")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> TLSConfig | None:
+        """The TLS the STRATAD_TLS* variables ask for; None when none is set."""
+        ca, cert, key = (environ.get(v, "") for v in (TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV))
+        name = environ.get(TLS_SERVER_NAME_ENV, "")
+        if not (ca or cert or key or environ.get(TLS_ENV, "").lower() in _TRUE):
+            return None
+        return cls(ca, cert, key, name)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            _read(self.ca_file), _read(self.key_file), _read(self.cert_file)
+        )
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        if not self.server_name:
+            return []
+        return [("grpc.ssl_target_name_override", self.server_name)]
+
+
+def _read(path: str) -> bytes | None:
+    return Path(path).expanduser().read_bytes() if path else None
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A resolved address, tenant, token and TLS: what a client dials with."""
+
+    address: str
+    tenant: str = ""
+    token: str = ""
+    tls: TLSConfig | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        address: str | None = None,
+        *,
+        tenant: str | None = None,
+        token: str | None = None,
+        tls: TLSConfig | bool | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Connection:
+        """Arguments first; what is None or empty comes from ``environ`` (os.environ).
+
+        ``tls``: a TLSConfig; True (TLS, settings from the environment or
+        the system's CAs); False (plaintext whatever the environment says);
+        None (TLS if a STRATAD_TLS* variable asks for it).
+        """
+        env = os.environ if environ is None else environ
+        return cls(
+            address=address or env.get(ADDRESS_ENV) or DEFAULT_ADDRESS,
+            tenant=tenant or env.get(TENANT_ENV, ""),
+            token=token or _token_from(env),
+            tls=_tls_from(tls, env),
+        )
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The metadata every call carries: tenant header and bearer token, when set."""
+        pairs = []
+        if self.tenant:
+            pairs.append((TENANT_HEADER, self.tenant))
+        if self.token:
+            pairs.append((AUTHORIZATION_HEADER, f"Bearer {self.token}"))
+        return tuple(pairs)
+
+    def channel(self, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+        options = [*(options or []), *(self.tls.channel_options() if self.tls else [])]
+        if self.tls is None:
+            return grpc.insecure_channel(self.address, options=options)
+        return grpc.secure_channel(self.address, self.tls.channel_credentials(), options=options)
+
+    def aio_channel(self, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
+        options = [*(options or []), *(self.tls.channel_options() if self.tls else [])]
+        if self.tls is None:
+            return grpc.aio.insecure_channel(self.address, options=options)
+        credentials = self.tls.channel_credentials()
+        return grpc.aio.secure_channel(self.address, credentials, options=options)
+
+
+def _token_from(env: Mapping[str, str]) -> str:
+    token = env.get(TOKEN_ENV, "")
+    if not token and env.get(TOKEN_FILE_ENV):
+        # A mounted secret usually ends with a newline that is not part of the token.
+        token = Path(env[TOKEN_FILE_ENV]).expanduser().read_text().strip()
+    return token
+
+
+def _tls_from(tls: TLSConfig | bool | None, env: Mapping[str, str]) -> TLSConfig | None:
+    if isinstance(tls, TLSConfig):
+        return tls
+    if tls is False:
+        return None
+    from_env = TLSConfig.from_env(env)
+    if tls is True:
+        return from_env or TLSConfig()
+    return from_env
+
+
+__all__ = [
+    "ADDRESS_ENV",
+    "DEFAULT_ADDRESS",
+    "TENANT_ENV",
+    "TENANT_HEADER",
+    "TLS_CA_ENV",
+    "TLS_CERT_ENV",
+    "TLS_ENV",
+    "TLS_KEY_ENV",
+    "TLS_SERVER_NAME_ENV",
+    "TOKEN_ENV",
+    "TOKEN_FILE_ENV",
+    "Connection",
+    "TLSConfig",
+]
