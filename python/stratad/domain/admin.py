@@ -116,11 +116,10 @@ class Admin:
         report.remote_packs_condemned += remote.packs_condemned
 
     def _collect_tenant(self, store: TenantStore, report: GcReport) -> None:
-        with store.gc_running:
-            self._mark_and_sweep(store, report)
+        with store.gc_running, store.objects.collecting() as started:
+            self._mark_and_sweep(store, report, started)
 
-    def _mark_and_sweep(self, store: TenantStore, report: GcReport) -> None:
-        started = time.time()
+    def _mark_and_sweep(self, store: TenantStore, report: GcReport, started: float) -> None:
         with store.gc_lock:
             store.gc_touched = set()
         try:

@@ -21,7 +21,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from stratad import native
@@ -58,9 +58,12 @@ class ObjectStore:
         # digest -> session key of the journal that carries it inline, until
         # the object file itself is fsynced (see needs_inline).
         self._unsynced: dict[str, str] = {}
-        # digest -> time it was written by this process; GC never removes
-        # an object written after its mark phase started.
+        # digest -> time it was written by this process, recorded only while
+        # a collection runs (`collecting`): GC never removes an object written
+        # after its mark phase started. Outside collections nothing is kept,
+        # so the map does not grow with every object ever written.
         self._written_at: dict[str, float] = {}
+        self._collections = 0
         self._dirs: set[str] = set()
         #: Called with the digest of every object added (replication ships them).
         self.on_new: Callable[[str], None] | None = None
@@ -147,7 +150,8 @@ class ObjectStore:
             self._pending[digest] = frame
             self._pending_bytes += len(frame)
             self._unsynced[digest] = owner
-            self._written_at[digest] = time.time()
+            if self._collections:
+                self._written_at[digest] = time.time()
             backlog = self._pending_bytes > MAX_PENDING_BYTES
         if self.on_new is not None:
             self.on_new(digest)
@@ -251,6 +255,23 @@ class ObjectStore:
         return None if found == digest else f"holds content with digest {found}"
 
     # -- garbage collection ----------------------------------------------------
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[float]:
+        """Record write times while a collection runs; yields its start time.
+
+        Recording starts before the start time is taken, so every object
+        written at or after it is recorded.
+        """
+        with self._lock:
+            self._collections += 1
+        try:
+            yield time.time()
+        finally:
+            with self._lock:
+                self._collections -= 1
+                if not self._collections:
+                    self._written_at.clear()
 
     def written_after(self, digest: str, started: float) -> bool:
         """Was this object (re)written by this process at or after `started`?"""
