@@ -119,7 +119,7 @@ func (e *Error) Error() string {
 	if e.Reason == "" {
 		return fmt.Sprintf("stratad: %s: %s", e.Code, e.Message)
 	}
-	return fmt.Sprintf("stratad: %s (%s): %s", e.Code, e.Reason, e.Message)
+	return fmt.Sprintf("stratad: %s (%s): %s", e.Code, string(e.Reason), e.Message)
 }
 
 // Is reports whether target is e's reason, or a reason named after e's code.
