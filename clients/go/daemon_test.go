@@ -5,6 +5,7 @@ package stratad
 // skip, unless STRATAD_TEST_REQUIRE_DAEMON=1 (then they fail).
 //
 //	STRATAD_TEST_ADDRESS        a daemon with auth off, plaintext
+//	STRATAD_TEST_MAX_MESSAGE_BYTES  that daemon's max_message_bytes
 //	STRATAD_TEST_AUTH_ADDRESS   a daemon with TLS and auth = "token"
 //	STRATAD_TEST_AUTH_CA        the CA file its certificate chains to
 //	STRATAD_TEST_AGENT_TOKEN    a token of role agent in tenant "acme"
@@ -20,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -209,6 +211,27 @@ func TestNotFoundAndInvalidArgumentAreTypedErrors(t *testing.T) {
 	_, err = client.CreateSession(ctx, "not a valid id!", nil)
 	if e, ok := AsError(err); !ok || e.Code != codes.InvalidArgument || e.Reason == "" || !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("invalid ID: got %v", err)
+	}
+}
+
+func TestStateAboveTheDaemonsLimitIsRefusedAndNothingStored(t *testing.T) {
+	ctx := context.Background()
+	limit, err := strconv.Atoi(testEnv(t, "STRATAD_TEST_MAX_MESSAGE_BYTES"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := connect(t, WithMaxMessageBytes(limit))
+	id := unique("big")
+	must(client.CreateSession(ctx, id, nil))(t)
+	saved := must(client.SaveState(ctx, id, bytes.Repeat([]byte("x"), limit), nil))(t)
+
+	_, err = client.SaveState(ctx, id, bytes.Repeat([]byte("y"), limit+1), nil)
+	if !errors.Is(err, ErrResourceExhausted) || ReasonOf(err) == "" {
+		t.Fatalf("a state of limit+1 bytes: got %v, want the daemon's RESOURCE_EXHAUSTED", err)
+	}
+	session := must(client.GetSession(ctx, id))(t)
+	if session.GetVersion() != saved.GetVersion() || session.GetCheckpointCount() != 1 {
+		t.Fatalf("the refused save changed the session: %v", session)
 	}
 }
 

@@ -94,11 +94,11 @@ type SaveOptions struct {
 // SaveState saves data as a new checkpoint that becomes the session's head.
 // opts may be nil.
 //
-// The state travels whole in one message, so it can be at most the daemon's
-// max_message_bytes (64 MiB by default; ErrMessageTooLarge or
-// ErrResourceExhausted beyond). Larger states, or uploads that send only the
-// chunks the daemon lacks, use CheckpointService.SaveState with a
-// ChunkedState, as the Python SDK does.
+// A state can be at most the daemon's max_message_bytes (64 MiB by default;
+// beyond, the save fails with ErrResourceExhausted and nothing is stored).
+// It travels whole in one message: the Python SDK's chunked upload, which
+// sends only the chunks the daemon lacks (CheckpointService.SaveState with a
+// ChunkedState), is not part of this client.
 func (c *Client) SaveState(ctx context.Context, sessionID string, data []byte, opts *SaveOptions) (*stratadv1.SaveStateResponse, error) {
 	if opts == nil {
 		opts = &SaveOptions{}

@@ -28,6 +28,7 @@ from pki import Pki
 import stratad
 
 GO_MODULE = Path(__file__).resolve().parents[2] / "clients" / "go"
+MAX_MESSAGE_BYTES = 1 << 20
 GO_TIMEOUT = 900  # a cold build compiles gRPC: minutes on a busy 2-core machine
 
 
@@ -127,8 +128,14 @@ def test_go_client_tests_pass_against_real_daemons(
     start_daemon: Callable[..., Any], auth_daemon: dict[str, str]
 ) -> None:
     go = find_go()
-    daemon = start_daemon()
-    env = go_env(STRATAD_TEST_ADDRESS=daemon.target, STRATAD_TEST_REQUIRE_DAEMON="1", **auth_daemon)
+    # A small message limit, so that a state above it is cheap to send.
+    daemon = start_daemon("--max-message-bytes", str(MAX_MESSAGE_BYTES))
+    env = go_env(
+        STRATAD_TEST_ADDRESS=daemon.target,
+        STRATAD_TEST_MAX_MESSAGE_BYTES=str(MAX_MESSAGE_BYTES),
+        STRATAD_TEST_REQUIRE_DAEMON="1",
+        **auth_daemon,
+    )
     result = run_go(go, "test", "-count=1", "-json", "-timeout", "600s", "./...", env=env)
     outcomes = go_test_outcomes(result.stdout)
     failed = sorted(name for name, action in outcomes.items() if action != "pass")
