@@ -10,13 +10,15 @@ number for field number. So v1 is served here by the same servicer:
 - the v1 file descriptor is derived from the v1alpha one (package and type
   references renamed) and added to the default descriptor pool, so that a
   client describing ``grpc.reflection.v1.ServerReflection`` gets its file;
-- the v1 method runs the v1alpha servicer; requests and responses are
-  byte-identical on the wire, so v1alpha's (de)serializers serve both.
+- the v1 method decodes v1 requests (a malformed one is INVALID_ARGUMENT
+  naming the v1 type, like every RPC's), hands them to the v1alpha servicer
+  re-encoded as v1alpha (the bytes are the same), and returns its answers as
+  v1 messages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 import grpc
@@ -72,27 +74,47 @@ def v1_message_class(name: str) -> type[Message]:
     return message_factory.GetMessageClass(descriptor)
 
 
+class ReflectionV1Servicer:
+    """grpc.reflection.v1 over a v1alpha servicer: same protocol, other message classes."""
+
+    def __init__(self, v1alpha: Any) -> None:
+        self._v1alpha = v1alpha
+        self.request_class = v1_message_class("ServerReflectionRequest")
+        self.response_class = v1_message_class("ServerReflectionResponse")
+
+    async def ServerReflectionInfo(
+        self, requests: AsyncIterator[Message], context: Any
+    ) -> AsyncIterator[Message]:
+        async def as_v1alpha() -> AsyncIterator[Message]:
+            async for request in requests:
+                yield reflection_pb2.ServerReflectionRequest.FromString(request.SerializeToString())
+
+        async for response in self._v1alpha.ServerReflectionInfo(as_v1alpha(), context):
+            yield self.response_class.FromString(response.SerializeToString())
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            V1_SERVICE_NAME,
+            {
+                _METHOD: grpc.stream_stream_rpc_method_handler(
+                    self.ServerReflectionInfo,
+                    request_deserializer=self.request_class.FromString,
+                    response_serializer=self.response_class.SerializeToString,
+                )
+            },
+        )
+
+
 def enable_server_reflection(service_names: Sequence[str], server: Any) -> None:
     """Serve reflection v1 and v1alpha on ``server`` (a grpc.aio.Server).
 
     ``service_names`` are the application services to list; both reflection
     services are added to them.
     """
-    v1_file_descriptor()
     names = [*service_names, *(n for n in SERVICE_NAMES if n not in service_names)]
-    servicer = reflection.aio.ReflectionServicer(names)
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
-    v1_handler = grpc.method_handlers_generic_handler(
-        V1_SERVICE_NAME,
-        {
-            _METHOD: grpc.stream_stream_rpc_method_handler(
-                servicer.ServerReflectionInfo,
-                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((v1_handler,))
+    v1alpha = reflection.aio.ReflectionServicer(names)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(v1alpha, server)
+    server.add_generic_rpc_handlers((ReflectionV1Servicer(v1alpha).handler(),))
 
 
 __all__ = [
