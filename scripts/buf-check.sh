@@ -61,7 +61,7 @@ cmd_breaking() {
 generate_go() {
     local out
     out=$(mktemp -d)
-    buf generate --template buf.gen.yaml -o "$out"
+    buf generate --template buf.gen.yaml -o "$out" >&2
     [[ -d $out/$GO_OUT ]] || die "buf generate wrote nothing to $GO_OUT"
     echo "$out"
 }
