@@ -19,9 +19,9 @@ import (
 const DefaultConnectTimeout = 10 * time.Second
 
 // retryServiceConfig is the Python SDK's retry policy: a call that fails with
-// UNAVAILABLE before reaching the daemon (connection refused or reset, the
-// daemon restarting) is retried with exponential backoff, up to 5 attempts.
-// gRPC never retries a call the daemon has started to answer.
+// UNAVAILABLE (connection refused or reset, a daemon shutting down) is
+// retried with exponential backoff, up to 5 attempts in all. gRPC never
+// retries once the daemon has sent response headers.
 const retryServiceConfig = `{
   "methodConfig": [{
     "name": [
