@@ -267,6 +267,41 @@ func TestStreamErrorsAreTyped(t *testing.T) {
 	}
 }
 
+func TestWatchSessionReplaysThenFollows(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := connect(t)
+	id := unique("watched")
+	created := must(client.CreateSession(ctx, id, nil))(t)
+	first := must(client.SaveState(ctx, id, []byte("1"), nil))(t)
+
+	var events []*stratadv1.SessionEvent
+	for event, err := range client.WatchSession(ctx, id, created.GetVersion()) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		events = append(events, event)
+		if len(events) == 1 {
+			// Replayed: the save after the creation. Now a new mutation, seen live.
+			must(client.SaveState(ctx, id, []byte("2"), nil))(t)
+		}
+		if len(events) == 2 {
+			break
+		}
+	}
+	if len(events) != 2 || events[0].GetCheckpointId() != first.GetCheckpointId() ||
+		events[1].GetVersion() <= first.GetVersion() || events[1].GetKind() != events[0].GetKind() {
+		t.Fatalf("events: %v", events)
+	}
+	var errs []error
+	for _, err := range client.WatchSession(ctx, unique("missing"), 0) {
+		errs = append(errs, err)
+	}
+	if len(errs) != 1 || !errors.Is(errs[0], ErrNotFound) {
+		t.Fatalf("watching a missing session: got %v, want one NOT_FOUND", errs)
+	}
+}
+
 func TestTenantsAreIsolated(t *testing.T) {
 	ctx := context.Background()
 	a := connect(t, WithTenant(unique("a")))

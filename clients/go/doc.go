@@ -20,7 +20,7 @@
 //	}
 //
 // The methods cover sessions and checkpoints (create, get, list, delete,
-// save, load, list checkpoints, name, restore, fork). Every other RPC is
+// save, load, list checkpoints, name, restore, fork, watch). Every other RPC is
 // reachable through the Client's stub fields (TaskService, CognitiveStateService,
 // AdminService, ...), with the same metadata, deadlines, retries and errors.
 package stratad

@@ -2,7 +2,10 @@ package stratad
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"iter"
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -225,4 +228,34 @@ func toStruct(fields map[string]any) (*structpb.Struct, error) {
 		return nil, fmt.Errorf("stratad: metadata is not JSON-like: %w", err)
 	}
 	return s, nil
+}
+
+// WatchSession yields the session's events as they happen, in version order:
+// first those after fromVersion (0: none, only new events), then each new
+// mutation. It ends when ctx ends (without an error), when the loop breaks, or
+// on the stream's first error, which it yields last (ErrNotFound for a
+// missing session; ErrWatcherTooSlow when the loop fell behind: watch again
+// from Metadata["resume_from_version"]).
+//
+//	for event, err := range client.WatchSession(ctx, "chat-42", 0) {
+//		if err != nil { return err }
+//		fmt.Println(event.GetVersion(), event.GetKind())
+//	}
+func (c *Client) WatchSession(ctx context.Context, sessionID string, fromVersion uint64) iter.Seq2[*stratadv1.SessionEvent, error] {
+	return func(yield func(*stratadv1.SessionEvent, error) bool) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel() // a loop that breaks ends the stream
+		stream, err := c.SessionService.WatchSession(ctx, &stratadv1.WatchSessionRequest{
+			SessionId: sessionID, FromVersion: fromVersion,
+		})
+		for err == nil {
+			var response *stratadv1.WatchSessionResponse
+			if response, err = stream.Recv(); err == nil && !yield(response.GetEvent(), nil) {
+				return
+			}
+		}
+		if !errors.Is(err, io.EOF) && ctx.Err() == nil {
+			yield(nil, err)
+		}
+	}
 }
