@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
-        rust-check proto proto-check core-purity bench clean deploy-check s3-server
+        rust-check proto proto-check core-purity bench clean deploy-check s3-server \
+        go-tools proto-lint go-gen go-check
 
 help: ## List the targets with a one-line description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +60,21 @@ proto: $(STAMP) ## Regenerate python/stratad/api/v1 from proto/
 
 proto-check: $(STAMP) ## Fail if the committed generated code differs from proto/
 	$(PY) scripts/gen_proto.py --check
+
+go-tools: ## Build (once, cached in ~/.cache/stratad-tools/bin) buf, protoc-gen-go, protoc-gen-go-grpc; needs Go
+	bash scripts/go-tools.sh install
+
+proto-lint: ## buf lint (STANDARD) and buf breaking against the previous commit (HEAD~1)
+	bash scripts/buf-check.sh lint
+	bash scripts/buf-check.sh breaking
+
+go-gen: ## Regenerate the Go client's code (clients/go/stratadv1) from proto/
+	bash scripts/buf-check.sh gen-go
+
+go-check: ## Fail if clients/go/stratadv1 is stale, or clients/go is not gofmt-clean or fails go vet
+	bash scripts/buf-check.sh check-go
+	@out=$$(cd clients/go && gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	cd clients/go && go vet ./...
 
 core-purity: ## Fail if the pure Rust core depends on pyo3
 	@if cargo tree -p stratad-core -e normal | grep -qi pyo3; then \

@@ -20,11 +20,11 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from stratad import __version__
 from stratad.config import Config
 from stratad.errors import UnavailableError
+from stratad.server import reflection
 from stratad.server.auth import auth_interceptor
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
 from stratad.server.limits import LimitsInterceptor
@@ -36,7 +36,9 @@ from stratad.store.failstop import EXIT_STORAGE_FAILED, StorageFailedError
 _log = logging.getLogger(__name__)
 
 HEALTH_SERVICE_NAME: str = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-REFLECTION_SERVICE_NAME: str = reflection.SERVICE_NAME
+#: Server reflection is served under both names (server/reflection.py).
+REFLECTION_SERVICE_NAME: str = reflection.V1ALPHA_SERVICE_NAME
+REFLECTION_V1_SERVICE_NAME: str = reflection.V1_SERVICE_NAME
 #: Health "service" that is SERVING while the daemon accepts writes.
 WRITES_HEALTH_NAME = "stratad.writes"
 _SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -133,7 +135,7 @@ async def start_server(
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     all_names = [*app_names, HEALTH_SERVICE_NAME]
     if config.reflection:
-        all_names.append(REFLECTION_SERVICE_NAME)
+        all_names.extend(reflection.SERVICE_NAMES)
         reflection.enable_server_reflection(all_names, server)
     tls = certificate_files(config)
     address = _bind(server, config.listen, tls)
@@ -339,6 +341,7 @@ def _install_signal_handlers() -> asyncio.Future[int]:
 __all__ = [
     "HEALTH_SERVICE_NAME",
     "REFLECTION_SERVICE_NAME",
+    "REFLECTION_V1_SERVICE_NAME",
     "WRITES_HEALTH_NAME",
     "ServerStartError",
     "StratadServer",
