@@ -281,9 +281,19 @@ def error_response(exc: StratadError) -> Response:
 
 async def start_inspector(resources: Resources) -> Inspector:
     """Start the inspector on ``inspector_listen``; raises HttpStartError if it cannot."""
+    config = resources.config
     inspector = Inspector(resources)
-    await inspector.start(resources.config.inspector_listen)
+    await inspector.start(config.inspector_listen)
     _log.info("web inspector on http://%s/", inspector.address)
+    if config.inspector_exposed:  # config refuses this unless allow_insecure is set
+        _log.warning(
+            "serving the web inspector over plain HTTP on %s (allow_insecure = true): every "
+            "tenant's data%s crosses the network unencrypted; see docs/inspector.md",
+            inspector.address,
+            " and the admin token"
+            if config.auth != "off"
+            else ", readable by anyone who reaches it,",
+        )
     return inspector
 
 
