@@ -26,7 +26,7 @@ function el(tag, attrs, ...children) {
     else if (name === "text") node.textContent = value;
     else node.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -133,6 +133,12 @@ function errorBox(error) {
   );
 }
 
+// A panel's request failed: sign in again on 401, else show the error in the panel.
+function failed(panel, error, ...heading) {
+  if (error instanceof ApiError && error.status === 401) loginForm(error);
+  else panel.replaceChildren(...heading, errorBox(error));
+}
+
 function loginForm(error) {
   const input = el("input", {
     id: "token",
@@ -231,7 +237,7 @@ async function loadSessions(tenant, query, results) {
   try {
     data = await api(`/api/tenants/${enc(tenant)}/sessions?q=${enc(query)}`);
   } catch (error) {
-    results.replaceChildren(errorBox(error));
+    failed(results, error);
     return;
   }
   const rows = data.sessions.map((s) =>
@@ -354,24 +360,21 @@ function checkpointTree(tenant, session, picked) {
   }
   const item = (cp) => checkpointItem(tenant, session, cp, picked, forks.get(cp.checkpoint_id) || []);
 
-  // A chain of only children stays at one level; only a branch point indents,
-  // so a long history reads as a list and recursion depth is the branch count.
+  // As in a git graph: the oldest child continues the line at the same level,
+  // every younger child starts an indented branch under its parent. A long
+  // history reads as a list, and recursion depth is the number of branches.
   function branch(start, list) {
     let cp = start;
     while (cp) {
       const li = item(cp);
       list.append(li);
       const kids = (children.get(cp.checkpoint_id) || []).sort((x, y) => x.version - y.version);
-      if (kids.length === 1) {
-        cp = kids[0];
-        continue;
-      }
-      for (const kid of kids) {
-        const sub = el("ul", { class: "branch" });
+      for (const kid of kids.slice(1)) {
+        const sub = el("ul", { class: "branch", "data-testid": "branch" });
         li.append(sub);
         branch(kid, sub);
       }
-      cp = null;
+      cp = kids[0];
     }
   }
   const tree = el("ul", { class: "tree", "data-testid": "tree" });
@@ -430,7 +433,7 @@ function checkpointItem(tenant, session, cp, picked, forks) {
           el(
             "li",
             { class: "fork", "data-testid": "fork", "data-session": f.session_id },
-            "⑂ forked into session ",
+            "↳ forked into session ",
             link(sessionHash(tenant, f.session_id), f.session_id, { class: "mono" }),
             el("span", { class: "meta" }, `${time(f.created_at)} · ${f.checkpoint_count} checkpoints`),
           ),
@@ -454,7 +457,7 @@ async function loadDiff(base, picked, panel) {
   try {
     data = await api(`${base}/diff?a=${enc(picked.a)}&b=${enc(picked.b)}`);
   } catch (error) {
-    panel.replaceChildren(el("h2", {}, "Diff"), errorBox(error));
+    failed(panel, error, el("h2", {}, "Diff"));
     return;
   }
   const heading = el(
@@ -507,7 +510,7 @@ async function loadState(base, checkpointId, panel) {
   try {
     data = await api(`${base}/checkpoints/${enc(checkpointId)}`);
   } catch (error) {
-    panel.replaceChildren(el("h2", {}, "State"), errorBox(error));
+    failed(panel, error, el("h2", {}, "State"));
     return;
   }
   const cp = data.checkpoint;
@@ -535,7 +538,7 @@ async function loadStructured(base, panel) {
   try {
     data = await api(`${base}/structured`);
   } catch (error) {
-    panel.replaceChildren(errorBox(error));
+    failed(panel, error);
     return;
   }
   const parts = [];
