@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from inspector_data import (
 )
 
 import stratad
+from stratad.inspector.http import HttpStartError
 from stratad.inspector.reader import Reader
 from stratad.server.auth import token_digest
 from stratad.server.registry import SERVICES
@@ -433,3 +435,17 @@ def test_with_auth_on_the_page_itself_is_served(guarded: Inspected) -> None:
     # It holds no data: it asks for the token, then calls the API with it.
     assert guarded.get("/").status == 200
     assert guarded.get("/static/app.js").status == 200
+
+
+def test_a_taken_inspector_port_stops_start_up(inprocess_server: Callable[..., Any]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(HttpStartError, match=f"cannot listen on 127.0.0.1:{port}"):
+            inprocess_server(services=SERVICES, inspector_listen=f"127.0.0.1:{port}")
+
+
+def test_the_inspector_is_off_unless_asked_for(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server(services=SERVICES)
+    assert server.server.inspector is None and server.server.inspector_address == ""
