@@ -449,3 +449,17 @@ def test_a_taken_inspector_port_stops_start_up(inprocess_server: Callable[..., A
 def test_the_inspector_is_off_unless_asked_for(inprocess_server: Callable[..., Any]) -> None:
     server = inprocess_server(services=SERVICES)
     assert server.server.inspector is None and server.server.inspector_address == ""
+
+
+def test_a_bug_is_a_json_500_with_an_incident_and_the_daemon_keeps_serving(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: Reader) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Reader, "tenants", broken)
+    reply = inspected.get("/api/tenants")
+    assert reply.status == 500 and reply.reason == "INTERNAL"
+    incident = reply.json()["error"]["message"].split("incident ")[1].rstrip(")")
+    assert any(incident in r.getMessage() and r.exc_info for r in caplog.records)
+    assert inspected.get(SESSION).status == 200

@@ -30,12 +30,14 @@ import functools
 import ipaddress
 import json
 import logging
+import uuid
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from importlib import resources as package_files
 from typing import TYPE_CHECKING, Any, Final
 
 from stratad.errors import (
+    InternalError,
     NotFoundError,
     PermissionDeniedError,
     StratadError,
@@ -160,6 +162,13 @@ class Inspector:
             return await self._api(request)
         except StratadError as exc:
             return error_response(exc)
+        except Exception:
+            # A bug: the traceback goes to the log under an id the answer repeats.
+            incident = uuid.uuid4().hex[:12]
+            _log.exception(
+                "inspector: unhandled error in GET %s (incident %s)", request.path[:300], incident
+            )
+            return error_response(InternalError(f"internal error (incident {incident})"))
 
     def _check_host(self, request: Request) -> None:
         """Refuse a Host that is not an IP address, localhost or the configured host.
