@@ -21,9 +21,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _daemon import daemon_process, free_port  # noqa: E402
+from _daemon import daemon_process, free_port
 
-import stratad  # noqa: E402
+import stratad
 
 TENANT = "bench"
 
