@@ -43,4 +43,6 @@ if ! installed; then
     installed || die "apt-get finished but chromium or chromedriver is still not on PATH"
 fi
 
-printf '%s\n%s\n' "$(chromium --version)" "$(chromedriver --version)"
+# 2>/dev/null: Debian's chromium wrapper script prints a harmless "[: unexpected
+# operator" on some machines while it sizes its cache.
+printf '%s\n%s\n' "$(chromium --version 2>/dev/null)" "$(chromedriver --version)"
