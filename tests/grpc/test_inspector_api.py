@@ -463,3 +463,11 @@ def test_a_bug_is_a_json_500_with_an_incident_and_the_daemon_keeps_serving(
     incident = reply.json()["error"]["message"].split("incident ")[1].rstrip(")")
     assert any(incident in r.getMessage() and r.exc_info for r in caplog.records)
     assert inspected.get(SESSION).status == 200
+
+
+def test_a_state_with_a_lone_surrogate_is_shown(inspected: Inspected) -> None:
+    # Valid JSON that no UTF-8 encoder can write back as is.
+    with stratad.Client(inspected.server.target, tenant=TENANT) as client:
+        checkpoint = client.save_state("batch-7", b'{"odd": "\\ud800", "text": "caf\\u00e9"}')
+    shown = inspected.api(f"{SESSION}/batch-7/checkpoints/{checkpoint.checkpoint_id}")
+    assert shown["state"]["value"] == {"odd": "\ud800", "text": "café"}

@@ -197,7 +197,9 @@ class Inspector:
             self._audit(request, identity, exc.grpc_status, exc.reason)
             raise
         self._audit(request, identity, "OK", "")
-        body = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
+        # ASCII: a JSON state may hold a lone surrogate (an escaped \ud800), which UTF-8
+        # cannot encode; escaped, it reaches the browser's JSON.parse intact.
+        body = json.dumps(result, separators=(",", ":")).encode("ascii")
         return Response(HTTPStatus.OK, body, "application/json")
 
     def _authenticate(self, request: Request) -> Identity | None:
