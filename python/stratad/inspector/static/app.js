@@ -256,7 +256,7 @@ async function loadSessions(tenant, query, results) {
   const summary = `${data.matched} of ${data.total} sessions` + (data.truncated ? " (first 1000 shown)" : "");
   results.replaceChildren(
     el("p", { class: "muted", "data-testid": "session-count" }, summary),
-    table(["session", "status", "labels", "checkpoints", "", "structured state", "updated"], rows, {
+    table(["session", "status", "labels", "checkpoints", "origin", "structured state", "updated"], rows, {
       "data-testid": "sessions",
     }),
   );
