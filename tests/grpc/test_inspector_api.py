@@ -28,6 +28,7 @@ from inspector_data import (
 )
 
 import stratad
+from stratad.inspector import reader as reader_module
 from stratad.inspector.http import HttpStartError
 from stratad.inspector.reader import Reader
 from stratad.server.auth import token_digest
@@ -471,3 +472,26 @@ def test_a_state_with_a_lone_surrogate_is_shown(inspected: Inspected) -> None:
         checkpoint = client.save_state("batch-7", b'{"odd": "\\ud800", "text": "caf\\u00e9"}')
     shown = inspected.api(f"{SESSION}/batch-7/checkpoints/{checkpoint.checkpoint_id}")
     assert shown["state"]["value"] == {"odd": "\ud800", "text": "café"}
+
+
+def test_states_over_the_decode_limit_are_summarised_not_read(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_module, "MAX_DECODED_BYTES", 100)  # STATE_3 is 201 bytes
+    f = inspected.filled
+    shown = inspected.api(f"{SESSION}/chat-1/checkpoints/{f.c3}")
+    assert shown["state"] == {
+        "encoding": "too_large",
+        "size": len(json.dumps(STATE_3)),
+        "limit": 100,
+    }
+    diff = inspected.api(f"{SESSION}/chat-1/diff?a={f.c2}&b={f.c3}")
+    assert diff["comparable"] is False and "changes" not in diff
+
+
+def test_long_task_lists_are_cut_and_counted(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_module, "MAX_TASKS_LISTED", 0)
+    tasks = inspected.api(f"{SESSION}/batch-7/structured")["tasks"]
+    assert (tasks["tasks"], tasks["task_count"], tasks["truncated"]) == ({}, 1, True)
