@@ -495,3 +495,18 @@ def test_long_task_lists_are_cut_and_counted(
     monkeypatch.setattr(reader_module, "MAX_TASKS_LISTED", 0)
     tasks = inspected.api(f"{SESSION}/batch-7/structured")["tasks"]
     assert (tasks["tasks"], tasks["task_count"], tasks["truncated"]) == ({}, 1, True)
+
+
+def test_a_session_deleted_while_listing_is_left_out(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = inspected.server.resources.engine
+    listed = engine.sessions.sessions_of(TENANT)
+    gone = next(live for live in listed if live.state.session_id == "batch-7")
+    # As if DeleteSession ran between the listing and the read of each summary.
+    monkeypatch.setattr(engine.sessions, "sessions_of", lambda tenant: listed)
+    with stratad.Client(inspected.server.target, tenant=TENANT) as client:
+        client.delete_session("batch-7")
+    assert gone.deleted
+    shown = inspected.api(SESSION)
+    assert [s["session_id"] for s in shown["sessions"]] == ["chat-1", "chat-1-fork"]

@@ -89,7 +89,11 @@ class Reader:
         ``query`` (case-insensitive), ordered by ID."""
         tenant = self._tenant(tenant)
         needle = query.strip().lower()
-        summaries = [_locked(live, _summary) for live in self._sessions.sessions_of(tenant)]
+        summaries = [
+            summary
+            for live in self._sessions.sessions_of(tenant)
+            if (summary := _summary_unless_deleted(live)) is not None
+        ]
         matching = sorted(
             (s for s in summaries if not needle or _matches(s, needle)),
             key=lambda s: str(s["session_id"]),
@@ -125,7 +129,7 @@ class Reader:
             return None
         for other in self._sessions.sessions_of(live.tenant.name):
             with other.lock:
-                if checkpoint_id in other.state.checkpoints:
+                if not other.deleted and checkpoint_id in other.state.checkpoints:
                     return {"checkpoint_id": checkpoint_id, "session_id": other.state.session_id}
         return {"checkpoint_id": checkpoint_id, "session_id": ""}  # since deleted
 
@@ -134,7 +138,7 @@ class Reader:
         for other in self._sessions.sessions_of(live.tenant.name):
             with other.lock:
                 source = other.state.forked_from
-                if other is not live and source in checkpoint_ids:
+                if other is not live and not other.deleted and source in checkpoint_ids:
                     forks.append(
                         {
                             "session_id": other.state.session_id,
@@ -265,6 +269,12 @@ def _locked(live: LiveSession, read: Callable[[LiveSession], T]) -> T:
                 f"session {live.state.session_id!r} not found", reason="SESSION_NOT_FOUND"
             )
         return read(live)
+
+
+def _summary_unless_deleted(live: LiveSession) -> dict[str, Any] | None:
+    """The summary, or None for a session deleted since it was listed (not an error)."""
+    with live.lock:
+        return None if live.deleted else _summary(live)
 
 
 def _summary(live: LiveSession) -> dict[str, Any]:
