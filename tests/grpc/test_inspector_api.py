@@ -109,6 +109,12 @@ def test_tenants_lists_each_tenant_with_its_counts(inspected: Inspected) -> None
     ]
 
 
+def test_a_directory_that_no_tenant_id_can_name_is_not_a_tenant(inspected: Inspected) -> None:
+    (inspected.data_dir / "tenants" / ".partial").mkdir()
+    listed = [t["tenant"] for t in inspected.api("/api/tenants")["tenants"]]
+    assert listed == [TENANT, OTHER_TENANT]
+
+
 def test_sessions_are_listed_by_id_with_their_summary(inspected: Inspected) -> None:
     listed = inspected.api(SESSION)
     assert [s["session_id"] for s in listed["sessions"]] == ["batch-7", "chat-1", "chat-1-fork"]

@@ -74,7 +74,8 @@ class Reader:
         return {"tenants": listed}
 
     def _tenant_names(self) -> list[str]:
-        return self._store.existing_tenant_names()
+        # Directories only a tenant ID can name (a stray ".tmp" is no tenant).
+        return [name for name in self._store.existing_tenant_names() if _is_id(name)]
 
     def _tenant(self, tenant: str) -> str:
         valid_id(tenant, "tenant")
@@ -260,6 +261,14 @@ class Reader:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _is_id(value: str) -> bool:
+    try:
+        validate_id(value, "tenant")
+    except InvalidArgumentError:
+        return False
+    return True
 
 
 def _locked(live: LiveSession, read: Callable[[LiveSession], T]) -> T:
