@@ -633,7 +633,9 @@ async function crystalsPage(tenant) {
 
 function parseHash() {
   const raw = location.hash.replace(/^#/, "") || "/";
-  const [path, query] = raw.split("?", 2);
+  const cut = raw.indexOf("?");
+  const path = cut < 0 ? raw : raw.slice(0, cut);
+  const query = cut < 0 ? "" : raw.slice(cut + 1);
   const parts = path
     .split("/")
     .filter((p) => p)
