@@ -77,6 +77,7 @@ class Config:
     auth: AuthMode = "off"
     auth_tokens_file: str = ""
     reflection: bool = True
+    inspector_listen: str = ""
 
     def __post_init__(self) -> None:
         # Code (tests, embedders) may build a Config directly: hold it to the
@@ -102,6 +103,11 @@ class Config:
         """Plaintext gRPC on a TCP address other hosts may reach."""
         return not self.tls and not self.is_unix_socket and not is_loopback(self.listen)
 
+    @property
+    def inspector_exposed(self) -> bool:
+        """The web inspector (plain HTTP) on an address other hosts may reach."""
+        return bool(self.inspector_listen) and not is_loopback(self.inspector_listen)
+
 
 def _check_security(config: Config) -> None:
     """The rules that tie the TLS and auth keys together (see docs/security.md)."""
@@ -121,6 +127,13 @@ def _check_security(config: Config) -> None:
             "set tls_cert_file and tls_key_file, listen on 127.0.0.1 or a unix socket, "
             "or set allow_insecure = true if the network is otherwise closed "
             "(a pod behind a NetworkPolicy)"
+        )
+    if config.inspector_exposed and not config.allow_insecure:
+        raise ConfigError(
+            f"inspector_listen = {config.inspector_listen!r} would serve the web inspector "
+            "(plain HTTP, every tenant's data) beyond this host: listen on 127.0.0.1 and "
+            "reach it through a tunnel (ssh -L, kubectl port-forward), or set "
+            "allow_insecure = true if the network is otherwise closed"
         )
 
 
@@ -194,6 +207,16 @@ def _parse_metrics_listen(raw: object) -> str:
         return ""
     if value.startswith("unix:"):
         raise ValueError("the metrics endpoint is HTTP on TCP: expected HOST:PORT, or off")
+    return _parse_listen(value)
+
+
+def _parse_inspector_listen(raw: object) -> str:
+    """HOST:PORT for the web inspector; "", "off" or "none" (the default) turn it off."""
+    value = _parse_str(raw).strip()
+    if value.lower() in _OFF:
+        return ""
+    if value.startswith("unix:"):
+        raise ValueError("the inspector is HTTP on TCP: expected HOST:PORT, or off")
     return _parse_listen(value)
 
 
@@ -480,7 +503,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "allow_insecure",
         _parse_bool,
-        "allow plaintext gRPC on a non-loopback listen address (without TLS)",
+        "allow plaintext gRPC on a non-loopback listen address (without TLS), and the web "
+        "inspector on a non-loopback inspector_listen",
         "BOOL",
     ),
     Option(
@@ -502,6 +526,14 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _parse_bool,
         "serve gRPC server reflection (with auth on, to authenticated callers only)",
         "BOOL",
+    ),
+    Option(
+        "inspector_listen",
+        _parse_inspector_listen,
+        "HOST:PORT of the read-only web inspector (HTTP: sessions, checkpoint trees and "
+        "diffs, structured state, crystals of every tenant; with auth on it asks for an "
+        "admin bearer token); empty or off = no inspector",
+        "ADDR",
     ),
 )
 OPTIONS_BY_NAME: Final = {option.name: option for option in OPTIONS}

@@ -78,6 +78,7 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "auth": "token_or_mtls",
         "auth_tokens_file": "/etc/stratad/auth/tokens.toml",
         "reflection": "false",
+        "inspector_listen": "localhost:8080",
     }
     assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
     if layer == "file":
@@ -120,6 +121,7 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         auth="token_or_mtls",
         auth_tokens_file="/etc/stratad/auth/tokens.toml",
         reflection=False,
+        inspector_listen="localhost:8080",
     )
 
 

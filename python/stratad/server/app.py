@@ -24,6 +24,7 @@ from grpc_health.v1.health import aio as health_aio
 from stratad import __version__
 from stratad.config import Config
 from stratad.errors import UnavailableError
+from stratad.inspector import Inspector, start_inspector
 from stratad.server import reflection
 from stratad.server.auth import auth_interceptor
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
@@ -63,6 +64,7 @@ class StratadServer:
         addresses: Sequence[str] = (),
         metrics: Metrics | None = None,
         tls: CertificateFiles | None = None,
+        inspector: Inspector | None = None,
     ) -> None:
         self._server = server
         #: The health servicer, for code that must change a service's status.
@@ -78,11 +80,18 @@ class StratadServer:
         self.metrics = metrics
         #: The TLS files of the TCP listener (None: plaintext).
         self.tls = tls
+        #: The web inspector (None when inspector_listen is off).
+        self.inspector = inspector
 
     @property
     def metrics_address(self) -> str:
         """HOST:PORT of the /metrics endpoint, "" when it is off."""
         return self.metrics.address if self.metrics is not None else ""
+
+    @property
+    def inspector_address(self) -> str:
+        """HOST:PORT of the web inspector, "" when it is off."""
+        return self.inspector.address if self.inspector is not None else ""
 
     async def stop(self, grace: float | None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish for ``grace`` s."""
@@ -95,6 +104,8 @@ class StratadServer:
         finally:
             if self.metrics is not None:
                 self.metrics.stop()
+            if self.inspector is not None:
+                await self.inspector.stop()
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()
@@ -145,13 +156,18 @@ async def start_server(
     _warn_if_exposed(config)
     if metrics is not None:
         metrics.start(config.metrics_listen)
+    inspector: Inspector | None = None
     # HealthServicer starts with "" SERVING: nothing is ready until start() returns.
     await _set_status(health, ["", *app_names], _NOT_SERVING)
     try:
+        if config.inspector_listen:
+            inspector = await start_inspector(resources)
         await server.start()
     except BaseException:
         if metrics is not None:
             metrics.stop()
+        if inspector is not None:
+            await inspector.stop()
         raise
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
@@ -164,6 +180,7 @@ async def start_server(
         addresses=addresses,
         metrics=metrics,
         tls=tls,
+        inspector=inspector,
     )
 
 
@@ -278,12 +295,13 @@ async def serve(config: Config) -> int:
     async with open_resources(config) as resources:
         server = await start_server(resources)
         _log.info(
-            "stratad %s serving on %s (data dir %s, durability %s, metrics %s)",
+            "stratad %s serving on %s (data dir %s, durability %s, metrics %s, inspector %s)",
             __version__,
             " and ".join(server.addresses),
             resources.data_dir.path,
             config.durability,
             f"http://{server.metrics_address}/metrics" if server.metrics_address else "off",
+            f"http://{server.inspector_address}/" if server.inspector_address else "off",
         )
         storage_failed = _storage_failure(resources)
         try:
