@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -365,6 +366,7 @@ class Checkpoints:
                 if cp is None:
                     raise NotFoundError(f"session {session_id!r} has no saved state")
             version = live.state.version
+            live.accessed_at = time.time()  # a read keeps the session from expiring
         return LoadResult(self._read(live, cp), cp, version)
 
     def _read(self, live: LiveSession, cp: Checkpoint) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -115,6 +116,7 @@ def read(
     live = sessions.live(tenant, session_id)
     with live.lock:
         check_usable(live)
+        live.accessed_at = time.time()  # a read keeps the session from expiring
         return Applied(fn(live.state), live.state.version)
 
 

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from stratad import __version__
 from stratad.config import Config
+from stratad.domain.lifecycle import Lifecycle
 from stratad.errors import UnavailableError
 from stratad.server.auth import auth_interceptor
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
@@ -61,6 +62,7 @@ class StratadServer:
         addresses: Sequence[str] = (),
         metrics: Metrics | None = None,
         tls: CertificateFiles | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self._server = server
         #: The health servicer, for code that must change a service's status.
@@ -76,6 +78,8 @@ class StratadServer:
         self.metrics = metrics
         #: The TLS files of the TCP listener (None: plaintext).
         self.tls = tls
+        #: The idle-session sweep and scheduled GC (see domain/lifecycle.py).
+        self.lifecycle = lifecycle
 
     @property
     def metrics_address(self) -> str:
@@ -88,6 +92,8 @@ class StratadServer:
         # listener closes; watchers and long streams are told via `stopping`.
         await self.health.enter_graceful_shutdown()
         self._resources.stopping.set()
+        if self.lifecycle is not None:  # no expiry or GC starts while we drain
+            await asyncio.to_thread(self.lifecycle.stop)
         try:
             await self._server.stop(grace)
         finally:
@@ -153,6 +159,7 @@ async def start_server(
         raise
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
+    lifecycle = _start_lifecycle(resources, metrics)
     return StratadServer(
         server,
         health,
@@ -162,7 +169,27 @@ async def start_server(
         addresses=addresses,
         metrics=metrics,
         tls=tls,
+        lifecycle=lifecycle,
     )
+
+
+def _start_lifecycle(resources: Resources, metrics: Metrics | None) -> Lifecycle | None:
+    """The idle-session sweep and scheduled GC, if the configuration turns either on."""
+    config = resources.config
+    engine = resources.engine
+    lifecycle = Lifecycle(
+        engine.sessions,
+        engine.admin,
+        idle_ttl=config.session_idle_ttl,
+        sweep_interval=config.lifecycle_sweep_interval,
+        gc_interval=config.gc_interval,
+    )
+    if not lifecycle.enabled:
+        return None
+    if metrics is not None:
+        lifecycle.observers.append(metrics)
+    lifecycle.start()
+    return lifecycle
 
 
 #: Room on top of max_message_bytes for a message's envelope: a state of the
