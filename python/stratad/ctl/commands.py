@@ -23,8 +23,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from stratad.api.v1 import admin_pb2, checkpoint_pb2, common_pb2, session_pb2
 from stratad.ctl import decode
 from stratad.ctl.archive import (
+    ArchivedBlob,
     ArchivedCheckpoint,
     ArchivedSession,
+    ArchivedWrite,
     ArchiveError,
     ArchiveReader,
     ArchiveWriter,
@@ -680,15 +682,18 @@ def cmd_export(ctl: Ctl, args: argparse.Namespace) -> int:
     ):
         for cp in checkpoints:
             try:
-                loaded = client.load_state(args.session_id, cp.checkpoint_id)
+                loaded = _load_everything(client, args.session_id, cp.checkpoint_id)
             except NotFoundError:
                 raise CtlError(
                     f"checkpoint {cp.checkpoint_id} disappeared during the export "
                     "(retention or a delete): export again, or pause the session first"
                 ) from None
-            writer.add_checkpoint(_archived_checkpoint(cp), loaded.data)
+            archived_cp = _archived_checkpoint(cp)
+            _add_extras(writer, archived_cp, loaded)
+            writer.add_checkpoint(archived_cp, loaded.data)
             logical += len(loaded.data)
             progress.advance()
+        archived.structured = _structured_blob(writer, _current_structured(client, args.session_id))
     after = client.get_session(args.session_id)
     if after.version != session.version:
         ctl.note(
@@ -710,6 +715,50 @@ def cmd_export(ctl: Ctl, args: argparse.Namespace) -> int:
         f"{human_bytes(logical)} of state in {human_bytes(size)} to {path}",
     )
     return EXIT_OK
+
+
+def _load_everything(
+    client: Client, session_id: str, checkpoint_id: str
+) -> checkpoint_pb2.LoadStateResponse:
+    """A checkpoint's state, pending writes and captured structured state in one call."""
+    request = checkpoint_pb2.LoadStateRequest(
+        session_id=session_id,
+        checkpoint_id=checkpoint_id,
+        include_writes=True,
+        include_structured=True,
+    )
+    return client.call(client.checkpoints.LoadState, request)  # type: ignore[no-any-return]
+
+
+def _add_extras(
+    writer: ArchiveWriter, cp: ArchivedCheckpoint, loaded: checkpoint_pb2.LoadStateResponse
+) -> None:
+    """Store a checkpoint's pending writes and structured state as blobs of the archive."""
+    cp.structured = _structured_blob(writer, loaded.structured_json)
+    cp.pending_writes = [
+        ArchivedWrite(
+            task_id=w.task_id,
+            task_path=w.task_path,
+            idx=w.idx,
+            channel=w.channel,
+            type=w.type,
+            value=writer.add_blob(w.value),
+        )
+        for w in loaded.checkpoint.pending_writes
+    ]
+
+
+def _structured_blob(writer: ArchiveWriter, structured_json: bytes) -> ArchivedBlob | None:
+    """None for no structured state (a checkpoint that captured none, or ``{}``)."""
+    if not structured_json or structured_json.strip() == b"{}":
+        return None
+    return writer.add_blob(structured_json)
+
+
+def _current_structured(client: Client, session_id: str) -> bytes:
+    request = session_pb2.GetStructuredStateRequest(session_id=session_id)
+    response = client.call(client.sessions.GetStructuredState, request)
+    return bytes(response.structured_json)
 
 
 def _archived_checkpoint(cp: checkpoint_pb2.Checkpoint) -> ArchivedCheckpoint:
@@ -777,6 +826,9 @@ class _Importer:
         self.imported: set[str] = set()
         self.notes: list[str] = []
         self.status = "active"
+        self.has_structured = self.manifest.session.structured is not None or any(
+            cp.structured is not None for cp in self.manifest.checkpoints
+        )
 
     def run(self) -> None:
         s = self.manifest.session
@@ -806,11 +858,39 @@ class _Importer:
                     self._named(cp, data)
                 else:
                     self._save(cp, data, cp.checkpoint_id)
+                self._put_writes(cp)
                 self.imported.add(cp.checkpoint_id)
                 progress.advance()
 
+    def _set_structured(self, blob: ArchivedBlob | None) -> None:
+        """Make the session's structured state ``blob``'s (None: none) before a capture.
+
+        Never called for an archive without structured state (a version 1
+        archive, or a session that had none): its import needs no more than
+        a daemon that predates ReplaceStructuredState.
+        """
+        if not self.has_structured:
+            return
+        data = self.reader.blob("structured state", blob) if blob is not None else b"{}"
+        request = session_pb2.ReplaceStructuredStateRequest(
+            session_id=self.session_id, structured_json=data
+        )
+        self.client.call(self.client.sessions.ReplaceStructuredState, request)
+
+    def _put_writes(self, cp: ArchivedCheckpoint) -> None:
+        """The checkpoint's pending writes, one PutWrites per task (in the archive's order)."""
+        tasks: dict[tuple[str, str], list[tuple[int, str, str, bytes]]] = {}
+        for w in cp.pending_writes:
+            value = self.reader.blob(f"pending write {w.task_id}/{w.idx}", w.value)
+            tasks.setdefault((w.task_id, w.task_path), []).append((w.idx, w.channel, w.type, value))
+        for (task_id, task_path), writes in tasks.items():
+            self.client.put_writes(
+                self.session_id, cp.checkpoint_id, task_id, writes, task_path=task_path
+            )
+
     def _save(self, cp: ArchivedCheckpoint, data: bytes, checkpoint_id: str) -> str:
         parent = cp.parent_checkpoint_id if cp.parent_checkpoint_id in self.imported else ""
+        self._set_structured(cp.structured)  # what the save captures with the checkpoint
         saved = self.client.save_state(
             self.session_id,
             data,
@@ -837,6 +917,7 @@ class _Importer:
             # The parent is not in the archive (dropped by retention or deleted):
             # save the state under a temporary ID, pin it, then delete it.
             temporary = self._save(cp, data, "")
+        self._set_structured(cp.structured)
         created = self.client.create_checkpoint(
             self.session_id, cp.name, metadata=cp.metadata, checkpoint_id=cp.checkpoint_id
         )
@@ -856,6 +937,8 @@ class _Importer:
         s = self.manifest.session
         if s.head_checkpoint_id in self.imported and self.head != s.head_checkpoint_id:
             self.client.restore_checkpoint(s.head_checkpoint_id, make_current=True)
+        # Last: restoring a checkpoint brings back the structured state it captured.
+        self._set_structured(s.structured)
         listed = {c.checkpoint_id: c.digest for c in self.client.list_checkpoints(self.session_id)}
         expected = {c.checkpoint_id: c.digest for c in self.manifest.checkpoints}
         if listed != expected:
