@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from obstore.store import MemoryStore
 
 from stratad.domain.admin import GcReport
 from stratad.domain.checkpoints import SaveInput
 from stratad.domain.engine import Engine
 from stratad.domain.lifecycle import KEEP_LABEL, Lifecycle
 from stratad.errors import NotFoundError, ResourceExhaustedError
+from stratad.store.remote import RemoteTier
 
 TENANT = "default"
 TTL = 600.0
@@ -310,3 +312,37 @@ def test_a_failing_pass_is_logged_and_the_thread_lives_on(
     assert lifecycle.stats.failures >= 1
     assert lifecycle.stats.gc_runs >= 1
     assert "scheduled GC failed" in caplog.text
+
+
+def test_delete_checks_only_if_again_under_the_lock_at_the_deletion(engine: Engine) -> None:
+    """A write between the first look and the deletion (here: the test's only_if
+    says so on its second call) keeps the session."""
+    engine.sessions.create(TENANT, "s")
+    answers = iter([True, False])
+    assert engine.sessions.delete(TENANT, "s", only_if=lambda live: next(answers)) is False
+    assert session_ids(engine) == ["s"]
+    assert engine.sessions.delete(TENANT, "s", only_if=lambda live: True) is True
+    assert session_ids(engine) == []
+
+
+def test_an_expired_replicated_session_leaves_a_tombstone(tmp_path: Path) -> None:
+    """Expiry is DeleteSession: no other daemon hydrates the session back."""
+    remote = RemoteTier(MemoryStore())
+    engines = []
+    for name in ("a", "b"):
+        engine = Engine(tmp_path / name, fsync_interval=0.02)
+        engine.replicate_to(remote, mode="sync", node_id=name, lag=0.02, lease=0.5)
+        engine.open()
+        engines.append(engine)
+    a, b = engines
+    try:
+        a.sessions.create(TENANT, "replicated")
+        save(a, "replicated", b"state")
+        age(a, TTL + 1)
+        assert lifecycle_of(a).sweep() == [(TENANT, "replicated")]
+        with pytest.raises(NotFoundError):
+            b.checkpoints.load_state(TENANT, "replicated")
+        assert b.sessions.list(TENANT)[0] == []
+    finally:
+        for engine in engines:
+            engine.close()

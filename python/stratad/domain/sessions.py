@@ -463,14 +463,18 @@ class SessionManager:
 
         ``only_if`` (the idle-session sweep's test) is checked under the
         session's lock right before the deletion, so a write that took the
-        lock first wins: the session is then kept and False returned. It is
-        also checked before a replicated session's tombstone is written.
+        lock first wins: the session is then kept and False returned. A
+        replicated session's tombstone is written between a first check and
+        the deletion; a write that lands in that window cannot win any more
+        (the tombstone would make every later write fail): the deletion goes
+        on, and says so in the log.
         """
         live = self.live(tenant, session_id)
         if only_if is not None:
             with live.lock:
                 if live.deleted or not only_if(live):
                     return False
+        tombstoned = self.replicator is not None
         if self.replicator is not None:
             self.replicator.ensure_writable(live)
             self.replicator.session_deleted(live)
@@ -478,7 +482,12 @@ class SessionManager:
             check_usable(live, allow_damaged=True)
             check_version(live, expected_version)
             if only_if is not None and not only_if(live):
-                return False
+                if not tombstoned:
+                    return False
+                log.warning(
+                    "session %s/%s was written while its deletion's tombstone was being "
+                    "written to object storage: deleting it anyway", tenant, session_id,
+                )  # fmt: skip
             # Objects carried only by this journal must outlive it.
             self.store.persist_objects(live.tenant)
             trash = live.path.with_name(f"{_TRASH_PREFIX}{session_id}-{time.time_ns()}")
