@@ -55,7 +55,7 @@ def test_idle_sessions_expire_and_scheduled_gc_frees_their_objects(
 ) -> None:
     metrics = f"127.0.0.1:{get_free_port()}"
     daemon = start_daemon(
-        "--session-idle-ttl", "1s",
+        "--session-idle-ttl", "3s",  # long enough for the set-up calls, even on a busy host
         "--lifecycle-sweep-interval", "0.2",
         "--gc-interval", "0.3",
         "--metrics-listen", metrics,
