@@ -78,6 +78,9 @@ class Config:
     auth_tokens_file: str = ""
     reflection: bool = True
     inspector_listen: str = ""
+    session_idle_ttl: float = 0.0
+    lifecycle_sweep_interval: float = 60.0
+    gc_interval: float = 0.0
 
     def __post_init__(self) -> None:
         # Code (tests, embedders) may build a Config directly: hold it to the
@@ -258,6 +261,37 @@ def _parse_bool(raw: object) -> bool:
     if value in _FALSE:
         return False
     raise ValueError(f"expected true or false, got {raw!r}")
+
+
+_DURATION_UNITS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _parse_duration(raw: object) -> float:
+    """Seconds, as a number or a string with a unit (90s, 30m, 12h, 7d); 0 or off = off."""
+    if isinstance(raw, str) and raw.strip().lower() in _OFF:
+        return 0.0
+    text = raw.strip().lower() if isinstance(raw, str) else raw
+    try:
+        unit = _DURATION_UNITS.get(text[-1:]) if isinstance(text, str) else None
+        number = _coerce_number(float, text[:-1] if unit is not None else text)  # type: ignore[index]
+    except ValueError:
+        raise ValueError(_DURATION_HINT.format(raw=raw)) from None
+    seconds = float(number) * (unit or 1.0)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(_DURATION_HINT.format(raw=raw))
+    return seconds
+
+
+def _parse_positive_duration(raw: object) -> float:
+    seconds = _parse_duration(raw)
+    if seconds <= 0:
+        raise ValueError(f"must be more than 0; got {raw!r}")
+    return seconds
+
+
+_DURATION_HINT: Final = (
+    "expected a duration of 0 or more: seconds, or 90s, 30m, 12h, 7d; got {raw!r}"
+)
 
 
 def _parse_path(raw: object) -> Path:
@@ -534,6 +568,26 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "diffs, structured state, crystals of every tenant; with auth on it asks for an "
         "admin bearer token); empty or off = no inspector",
         "ADDR",
+    ),
+    Option(
+        "session_idle_ttl",
+        _parse_duration,
+        "delete a session nobody wrote or loaded for this long (seconds, or 90s, 30m, 12h, "
+        "7d); a session labelled stratad.dev/keep=true is kept; 0 or off = never",
+        "DURATION",
+    ),
+    Option(
+        "lifecycle_sweep_interval",
+        _parse_positive_duration,
+        "how often idle sessions are looked for (session_idle_ttl); must be > 0",
+        "DURATION",
+    ),
+    Option(
+        "gc_interval",
+        _parse_duration,
+        "collect garbage in every tenant this often (with up to 10% jitter), as "
+        "CollectGarbage does; 0 or off = only when asked",
+        "DURATION",
     ),
 )
 OPTIONS_BY_NAME: Final = {option.name: option for option in OPTIONS}

@@ -23,6 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from stratad import __version__
 from stratad.config import Config
+from stratad.domain.lifecycle import Lifecycle
 from stratad.errors import UnavailableError
 from stratad.inspector import Inspector, start_inspector
 from stratad.server import reflection
@@ -65,6 +66,7 @@ class StratadServer:
         metrics: Metrics | None = None,
         tls: CertificateFiles | None = None,
         inspector: Inspector | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self._server = server
         #: The health servicer, for code that must change a service's status.
@@ -82,6 +84,8 @@ class StratadServer:
         self.tls = tls
         #: The web inspector (None when inspector_listen is off).
         self.inspector = inspector
+        #: The idle-session sweep and scheduled GC (see domain/lifecycle.py).
+        self.lifecycle = lifecycle
 
     @property
     def metrics_address(self) -> str:
@@ -99,6 +103,8 @@ class StratadServer:
         # listener closes; watchers and long streams are told via `stopping`.
         await self.health.enter_graceful_shutdown()
         self._resources.stopping.set()
+        if self.lifecycle is not None:  # no expiry or GC starts while we drain
+            await asyncio.to_thread(self.lifecycle.stop)
         try:
             await self._server.stop(grace)
         finally:
@@ -171,6 +177,7 @@ async def start_server(
         raise
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
+    lifecycle = _start_lifecycle(resources, metrics)
     return StratadServer(
         server,
         health,
@@ -181,7 +188,27 @@ async def start_server(
         metrics=metrics,
         tls=tls,
         inspector=inspector,
+        lifecycle=lifecycle,
     )
+
+
+def _start_lifecycle(resources: Resources, metrics: Metrics | None) -> Lifecycle | None:
+    """The idle-session sweep and scheduled GC, if the configuration turns either on."""
+    config = resources.config
+    engine = resources.engine
+    lifecycle = Lifecycle(
+        engine.sessions,
+        engine.admin,
+        idle_ttl=config.session_idle_ttl,
+        sweep_interval=config.lifecycle_sweep_interval,
+        gc_interval=config.gc_interval,
+    )
+    if not lifecycle.enabled:
+        return None
+    if metrics is not None:
+        lifecycle.observers.append(metrics)
+    lifecycle.start()
+    return lifecycle
 
 
 #: Room on top of max_message_bytes for a message's envelope: a state of the
