@@ -430,8 +430,10 @@ type LoadStateRequest struct {
 	Namespace    string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Also return the checkpoint's pending writes (in checkpoint.pending_writes).
 	IncludeWrites bool `protobuf:"varint,4,opt,name=include_writes,json=includeWrites,proto3" json:"include_writes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Also return the structured state captured with the checkpoint (in structured_json).
+	IncludeStructured bool `protobuf:"varint,5,opt,name=include_structured,json=includeStructured,proto3" json:"include_structured,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *LoadStateRequest) Reset() {
@@ -492,6 +494,13 @@ func (x *LoadStateRequest) GetIncludeWrites() bool {
 	return false
 }
 
+func (x *LoadStateRequest) GetIncludeStructured() bool {
+	if x != nil {
+		return x.IncludeStructured
+	}
+	return false
+}
+
 type LoadStateResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	Data         []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
@@ -499,11 +508,15 @@ type LoadStateResponse struct {
 	Metadata     *structpb.Struct       `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
 	CheckpointId string                 `protobuf:"bytes,4,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
 	// The session's version when the state was read.
-	Version       uint64      `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
-	Digest        string      `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
-	Checkpoint    *Checkpoint `protobuf:"bytes,7,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version    uint64      `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
+	Digest     string      `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
+	Checkpoint *Checkpoint `protobuf:"bytes,7,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// With include_structured: the structured state (cognitive state, tasks,
+	// agent state) captured with the checkpoint, as one JSON object keyed by
+	// facet ("cognitive", "tasks", "agent"); empty when it captured none.
+	StructuredJson []byte `protobuf:"bytes,8,opt,name=structured_json,json=structuredJson,proto3" json:"structured_json,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *LoadStateResponse) Reset() {
@@ -581,6 +594,13 @@ func (x *LoadStateResponse) GetDigest() string {
 func (x *LoadStateResponse) GetCheckpoint() *Checkpoint {
 	if x != nil {
 		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *LoadStateResponse) GetStructuredJson() []byte {
+	if x != nil {
+		return x.StructuredJson
 	}
 	return nil
 }
@@ -2390,13 +2410,14 @@ const file_stratad_api_v1_checkpoint_proto_rawDesc = "" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12!\n" +
-	"\fstored_bytes\x18\x05 \x01(\x04R\vstoredBytes\"\x9b\x01\n" +
+	"\fstored_bytes\x18\x05 \x01(\x04R\vstoredBytes\"\xca\x01\n" +
 	"\x10LoadStateRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12#\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12%\n" +
-	"\x0einclude_writes\x18\x04 \x01(\bR\rincludeWrites\"\x92\x02\n" +
+	"\x0einclude_writes\x18\x04 \x01(\bR\rincludeWrites\x12-\n" +
+	"\x12include_structured\x18\x05 \x01(\bR\x11includeStructured\"\xbb\x02\n" +
 	"\x11LoadStateResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x123\n" +
@@ -2406,7 +2427,8 @@ const file_stratad_api_v1_checkpoint_proto_rawDesc = "" +
 	"\x06digest\x18\x06 \x01(\tR\x06digest\x12:\n" +
 	"\n" +
 	"checkpoint\x18\a \x01(\v2\x1a.stratad.api.v1.CheckpointR\n" +
-	"checkpoint\"\xa5\x04\n" +
+	"checkpoint\x12'\n" +
+	"\x0fstructured_json\x18\b \x01(\fR\x0estructuredJson\"\xa5\x04\n" +
 	"\n" +
 	"Checkpoint\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x1d\n" +

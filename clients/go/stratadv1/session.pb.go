@@ -775,6 +775,211 @@ func (x *SessionEvent) GetStatus() SessionStatus {
 	return SessionStatus_SESSION_STATUS_UNSPECIFIED
 }
 
+type GetStructuredStateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStructuredStateRequest) Reset() {
+	*x = GetStructuredStateRequest{}
+	mi := &file_stratad_api_v1_session_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStructuredStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStructuredStateRequest) ProtoMessage() {}
+
+func (x *GetStructuredStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_stratad_api_v1_session_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStructuredStateRequest.ProtoReflect.Descriptor instead.
+func (*GetStructuredStateRequest) Descriptor() ([]byte, []int) {
+	return file_stratad_api_v1_session_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetStructuredStateRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type GetStructuredStateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A JSON object: facet name -> its state; "{}" when the session has none.
+	StructuredJson []byte `protobuf:"bytes,1,opt,name=structured_json,json=structuredJson,proto3" json:"structured_json,omitempty"`
+	// The session's version when it was read.
+	Version       uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStructuredStateResponse) Reset() {
+	*x = GetStructuredStateResponse{}
+	mi := &file_stratad_api_v1_session_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStructuredStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStructuredStateResponse) ProtoMessage() {}
+
+func (x *GetStructuredStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_stratad_api_v1_session_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStructuredStateResponse.ProtoReflect.Descriptor instead.
+func (*GetStructuredStateResponse) Descriptor() ([]byte, []int) {
+	return file_stratad_api_v1_session_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetStructuredStateResponse) GetStructuredJson() []byte {
+	if x != nil {
+		return x.StructuredJson
+	}
+	return nil
+}
+
+func (x *GetStructuredStateResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type ReplaceStructuredStateRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// A JSON object as GetStructuredState returns it; "{}" clears every facet.
+	StructuredJson []byte `protobuf:"bytes,2,opt,name=structured_json,json=structuredJson,proto3" json:"structured_json,omitempty"`
+	// 0 = don't check; otherwise ABORTED unless the session is at this version.
+	ExpectedVersion uint64 `protobuf:"varint,3,opt,name=expected_version,json=expectedVersion,proto3" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ReplaceStructuredStateRequest) Reset() {
+	*x = ReplaceStructuredStateRequest{}
+	mi := &file_stratad_api_v1_session_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceStructuredStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceStructuredStateRequest) ProtoMessage() {}
+
+func (x *ReplaceStructuredStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_stratad_api_v1_session_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceStructuredStateRequest.ProtoReflect.Descriptor instead.
+func (*ReplaceStructuredStateRequest) Descriptor() ([]byte, []int) {
+	return file_stratad_api_v1_session_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReplaceStructuredStateRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReplaceStructuredStateRequest) GetStructuredJson() []byte {
+	if x != nil {
+		return x.StructuredJson
+	}
+	return nil
+}
+
+func (x *ReplaceStructuredStateRequest) GetExpectedVersion() uint64 {
+	if x != nil {
+		return x.ExpectedVersion
+	}
+	return 0
+}
+
+type ReplaceStructuredStateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session's version after the replacement.
+	Version       uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceStructuredStateResponse) Reset() {
+	*x = ReplaceStructuredStateResponse{}
+	mi := &file_stratad_api_v1_session_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceStructuredStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceStructuredStateResponse) ProtoMessage() {}
+
+func (x *ReplaceStructuredStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_stratad_api_v1_session_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceStructuredStateResponse.ProtoReflect.Descriptor instead.
+func (*ReplaceStructuredStateResponse) Descriptor() ([]byte, []int) {
+	return file_stratad_api_v1_session_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReplaceStructuredStateResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 var File_stratad_api_v1_session_proto protoreflect.FileDescriptor
 
 const file_stratad_api_v1_session_proto_rawDesc = "" +
@@ -842,14 +1047,29 @@ const file_stratad_api_v1_session_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12*\n" +
 	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12#\n" +
 	"\rcheckpoint_id\x18\x05 \x01(\tR\fcheckpointId\x125\n" +
-	"\x06status\x18\x06 \x01(\x0e2\x1d.stratad.api.v1.SessionStatusR\x06status2\xd9\x03\n" +
+	"\x06status\x18\x06 \x01(\x0e2\x1d.stratad.api.v1.SessionStatusR\x06status\":\n" +
+	"\x19GetStructuredStateRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"_\n" +
+	"\x1aGetStructuredStateResponse\x12'\n" +
+	"\x0fstructured_json\x18\x01 \x01(\fR\x0estructuredJson\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\"\x92\x01\n" +
+	"\x1dReplaceStructuredStateRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12'\n" +
+	"\x0fstructured_json\x18\x02 \x01(\fR\x0estructuredJson\x12)\n" +
+	"\x10expected_version\x18\x03 \x01(\x04R\x0fexpectedVersion\":\n" +
+	"\x1eReplaceStructuredStateResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion2\xbf\x05\n" +
 	"\x0eSessionService\x12\\\n" +
 	"\rCreateSession\x12$.stratad.api.v1.CreateSessionRequest\x1a%.stratad.api.v1.CreateSessionResponse\x12S\n" +
 	"\n" +
 	"GetSession\x12!.stratad.api.v1.GetSessionRequest\x1a\".stratad.api.v1.GetSessionResponse\x12Y\n" +
 	"\fListSessions\x12#.stratad.api.v1.ListSessionsRequest\x1a$.stratad.api.v1.ListSessionsResponse\x12\\\n" +
 	"\rDeleteSession\x12$.stratad.api.v1.DeleteSessionRequest\x1a%.stratad.api.v1.DeleteSessionResponse\x12[\n" +
-	"\fWatchSession\x12#.stratad.api.v1.WatchSessionRequest\x1a$.stratad.api.v1.WatchSessionResponse0\x01B^\n" +
+	"\fWatchSession\x12#.stratad.api.v1.WatchSessionRequest\x1a$.stratad.api.v1.WatchSessionResponse0\x01\x12k\n" +
+	"\x12GetStructuredState\x12).stratad.api.v1.GetStructuredStateRequest\x1a*.stratad.api.v1.GetStructuredStateResponse\x12w\n" +
+	"\x16ReplaceStructuredState\x12-.stratad.api.v1.ReplaceStructuredStateRequest\x1a..stratad.api.v1.ReplaceStructuredStateResponseB^\n" +
 	"\x11io.stratad.api.v1B\fSessionProtoP\x01Z9github.com/stratad/stratad/clients/go/stratadv1;stratadv1b\x06proto3"
 
 var (
@@ -864,52 +1084,60 @@ func file_stratad_api_v1_session_proto_rawDescGZIP() []byte {
 	return file_stratad_api_v1_session_proto_rawDescData
 }
 
-var file_stratad_api_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_stratad_api_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_stratad_api_v1_session_proto_goTypes = []any{
-	(*Session)(nil),               // 0: stratad.api.v1.Session
-	(*RetentionPolicy)(nil),       // 1: stratad.api.v1.RetentionPolicy
-	(*CreateSessionRequest)(nil),  // 2: stratad.api.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil), // 3: stratad.api.v1.CreateSessionResponse
-	(*GetSessionRequest)(nil),     // 4: stratad.api.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),    // 5: stratad.api.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),   // 6: stratad.api.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),  // 7: stratad.api.v1.ListSessionsResponse
-	(*DeleteSessionRequest)(nil),  // 8: stratad.api.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil), // 9: stratad.api.v1.DeleteSessionResponse
-	(*WatchSessionRequest)(nil),   // 10: stratad.api.v1.WatchSessionRequest
-	(*WatchSessionResponse)(nil),  // 11: stratad.api.v1.WatchSessionResponse
-	(*SessionEvent)(nil),          // 12: stratad.api.v1.SessionEvent
-	nil,                           // 13: stratad.api.v1.Session.LabelsEntry
-	nil,                           // 14: stratad.api.v1.CreateSessionRequest.LabelsEntry
-	(SessionStatus)(0),            // 15: stratad.api.v1.SessionStatus
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*Session)(nil),                        // 0: stratad.api.v1.Session
+	(*RetentionPolicy)(nil),                // 1: stratad.api.v1.RetentionPolicy
+	(*CreateSessionRequest)(nil),           // 2: stratad.api.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),          // 3: stratad.api.v1.CreateSessionResponse
+	(*GetSessionRequest)(nil),              // 4: stratad.api.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),             // 5: stratad.api.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),            // 6: stratad.api.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),           // 7: stratad.api.v1.ListSessionsResponse
+	(*DeleteSessionRequest)(nil),           // 8: stratad.api.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),          // 9: stratad.api.v1.DeleteSessionResponse
+	(*WatchSessionRequest)(nil),            // 10: stratad.api.v1.WatchSessionRequest
+	(*WatchSessionResponse)(nil),           // 11: stratad.api.v1.WatchSessionResponse
+	(*SessionEvent)(nil),                   // 12: stratad.api.v1.SessionEvent
+	(*GetStructuredStateRequest)(nil),      // 13: stratad.api.v1.GetStructuredStateRequest
+	(*GetStructuredStateResponse)(nil),     // 14: stratad.api.v1.GetStructuredStateResponse
+	(*ReplaceStructuredStateRequest)(nil),  // 15: stratad.api.v1.ReplaceStructuredStateRequest
+	(*ReplaceStructuredStateResponse)(nil), // 16: stratad.api.v1.ReplaceStructuredStateResponse
+	nil,                                    // 17: stratad.api.v1.Session.LabelsEntry
+	nil,                                    // 18: stratad.api.v1.CreateSessionRequest.LabelsEntry
+	(SessionStatus)(0),                     // 19: stratad.api.v1.SessionStatus
+	(*timestamppb.Timestamp)(nil),          // 20: google.protobuf.Timestamp
 }
 var file_stratad_api_v1_session_proto_depIdxs = []int32{
-	15, // 0: stratad.api.v1.Session.status:type_name -> stratad.api.v1.SessionStatus
-	13, // 1: stratad.api.v1.Session.labels:type_name -> stratad.api.v1.Session.LabelsEntry
-	16, // 2: stratad.api.v1.Session.created_at:type_name -> google.protobuf.Timestamp
-	16, // 3: stratad.api.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
+	19, // 0: stratad.api.v1.Session.status:type_name -> stratad.api.v1.SessionStatus
+	17, // 1: stratad.api.v1.Session.labels:type_name -> stratad.api.v1.Session.LabelsEntry
+	20, // 2: stratad.api.v1.Session.created_at:type_name -> google.protobuf.Timestamp
+	20, // 3: stratad.api.v1.Session.updated_at:type_name -> google.protobuf.Timestamp
 	1,  // 4: stratad.api.v1.Session.retention:type_name -> stratad.api.v1.RetentionPolicy
-	14, // 5: stratad.api.v1.CreateSessionRequest.labels:type_name -> stratad.api.v1.CreateSessionRequest.LabelsEntry
+	18, // 5: stratad.api.v1.CreateSessionRequest.labels:type_name -> stratad.api.v1.CreateSessionRequest.LabelsEntry
 	1,  // 6: stratad.api.v1.CreateSessionRequest.retention:type_name -> stratad.api.v1.RetentionPolicy
 	0,  // 7: stratad.api.v1.CreateSessionResponse.session:type_name -> stratad.api.v1.Session
 	0,  // 8: stratad.api.v1.GetSessionResponse.session:type_name -> stratad.api.v1.Session
 	0,  // 9: stratad.api.v1.ListSessionsResponse.sessions:type_name -> stratad.api.v1.Session
 	12, // 10: stratad.api.v1.WatchSessionResponse.event:type_name -> stratad.api.v1.SessionEvent
-	16, // 11: stratad.api.v1.SessionEvent.at:type_name -> google.protobuf.Timestamp
-	15, // 12: stratad.api.v1.SessionEvent.status:type_name -> stratad.api.v1.SessionStatus
+	20, // 11: stratad.api.v1.SessionEvent.at:type_name -> google.protobuf.Timestamp
+	19, // 12: stratad.api.v1.SessionEvent.status:type_name -> stratad.api.v1.SessionStatus
 	2,  // 13: stratad.api.v1.SessionService.CreateSession:input_type -> stratad.api.v1.CreateSessionRequest
 	4,  // 14: stratad.api.v1.SessionService.GetSession:input_type -> stratad.api.v1.GetSessionRequest
 	6,  // 15: stratad.api.v1.SessionService.ListSessions:input_type -> stratad.api.v1.ListSessionsRequest
 	8,  // 16: stratad.api.v1.SessionService.DeleteSession:input_type -> stratad.api.v1.DeleteSessionRequest
 	10, // 17: stratad.api.v1.SessionService.WatchSession:input_type -> stratad.api.v1.WatchSessionRequest
-	3,  // 18: stratad.api.v1.SessionService.CreateSession:output_type -> stratad.api.v1.CreateSessionResponse
-	5,  // 19: stratad.api.v1.SessionService.GetSession:output_type -> stratad.api.v1.GetSessionResponse
-	7,  // 20: stratad.api.v1.SessionService.ListSessions:output_type -> stratad.api.v1.ListSessionsResponse
-	9,  // 21: stratad.api.v1.SessionService.DeleteSession:output_type -> stratad.api.v1.DeleteSessionResponse
-	11, // 22: stratad.api.v1.SessionService.WatchSession:output_type -> stratad.api.v1.WatchSessionResponse
-	18, // [18:23] is the sub-list for method output_type
-	13, // [13:18] is the sub-list for method input_type
+	13, // 18: stratad.api.v1.SessionService.GetStructuredState:input_type -> stratad.api.v1.GetStructuredStateRequest
+	15, // 19: stratad.api.v1.SessionService.ReplaceStructuredState:input_type -> stratad.api.v1.ReplaceStructuredStateRequest
+	3,  // 20: stratad.api.v1.SessionService.CreateSession:output_type -> stratad.api.v1.CreateSessionResponse
+	5,  // 21: stratad.api.v1.SessionService.GetSession:output_type -> stratad.api.v1.GetSessionResponse
+	7,  // 22: stratad.api.v1.SessionService.ListSessions:output_type -> stratad.api.v1.ListSessionsResponse
+	9,  // 23: stratad.api.v1.SessionService.DeleteSession:output_type -> stratad.api.v1.DeleteSessionResponse
+	11, // 24: stratad.api.v1.SessionService.WatchSession:output_type -> stratad.api.v1.WatchSessionResponse
+	14, // 25: stratad.api.v1.SessionService.GetStructuredState:output_type -> stratad.api.v1.GetStructuredStateResponse
+	16, // 26: stratad.api.v1.SessionService.ReplaceStructuredState:output_type -> stratad.api.v1.ReplaceStructuredStateResponse
+	20, // [20:27] is the sub-list for method output_type
+	13, // [13:20] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -927,7 +1155,7 @@ func file_stratad_api_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_stratad_api_v1_session_proto_rawDesc), len(file_stratad_api_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

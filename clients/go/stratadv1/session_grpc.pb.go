@@ -21,11 +21,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SessionService_CreateSession_FullMethodName = "/stratad.api.v1.SessionService/CreateSession"
-	SessionService_GetSession_FullMethodName    = "/stratad.api.v1.SessionService/GetSession"
-	SessionService_ListSessions_FullMethodName  = "/stratad.api.v1.SessionService/ListSessions"
-	SessionService_DeleteSession_FullMethodName = "/stratad.api.v1.SessionService/DeleteSession"
-	SessionService_WatchSession_FullMethodName  = "/stratad.api.v1.SessionService/WatchSession"
+	SessionService_CreateSession_FullMethodName          = "/stratad.api.v1.SessionService/CreateSession"
+	SessionService_GetSession_FullMethodName             = "/stratad.api.v1.SessionService/GetSession"
+	SessionService_ListSessions_FullMethodName           = "/stratad.api.v1.SessionService/ListSessions"
+	SessionService_DeleteSession_FullMethodName          = "/stratad.api.v1.SessionService/DeleteSession"
+	SessionService_WatchSession_FullMethodName           = "/stratad.api.v1.SessionService/WatchSession"
+	SessionService_GetStructuredState_FullMethodName     = "/stratad.api.v1.SessionService/GetStructuredState"
+	SessionService_ReplaceStructuredState_FullMethodName = "/stratad.api.v1.SessionService/ReplaceStructuredState"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -42,6 +44,13 @@ type SessionServiceClient interface {
 	// Streams one event per mutation of the session, in version order, starting
 	// after `from_version` (0 = only new events).
 	WatchSession(ctx context.Context, in *WatchSessionRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchSessionResponse], error)
+	// The session's structured state (cognitive state, tasks, agent state) as one
+	// JSON object keyed by facet: what `stratad ctl export` archives.
+	GetStructuredState(ctx context.Context, in *GetStructuredStateRequest, opts ...grpc.CallOption) (*GetStructuredStateResponse, error)
+	// Replaces the session's structured state as a whole (what `stratad ctl
+	// import` restores). INVALID_ARGUMENT unless it is a JSON object whose
+	// facets the daemon can serve.
+	ReplaceStructuredState(ctx context.Context, in *ReplaceStructuredStateRequest, opts ...grpc.CallOption) (*ReplaceStructuredStateResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -111,6 +120,26 @@ func (c *sessionServiceClient) WatchSession(ctx context.Context, in *WatchSessio
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_WatchSessionClient = grpc.ServerStreamingClient[WatchSessionResponse]
 
+func (c *sessionServiceClient) GetStructuredState(ctx context.Context, in *GetStructuredStateRequest, opts ...grpc.CallOption) (*GetStructuredStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetStructuredStateResponse)
+	err := c.cc.Invoke(ctx, SessionService_GetStructuredState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionServiceClient) ReplaceStructuredState(ctx context.Context, in *ReplaceStructuredStateRequest, opts ...grpc.CallOption) (*ReplaceStructuredStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplaceStructuredStateResponse)
+	err := c.cc.Invoke(ctx, SessionService_ReplaceStructuredState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -125,6 +154,13 @@ type SessionServiceServer interface {
 	// Streams one event per mutation of the session, in version order, starting
 	// after `from_version` (0 = only new events).
 	WatchSession(*WatchSessionRequest, grpc.ServerStreamingServer[WatchSessionResponse]) error
+	// The session's structured state (cognitive state, tasks, agent state) as one
+	// JSON object keyed by facet: what `stratad ctl export` archives.
+	GetStructuredState(context.Context, *GetStructuredStateRequest) (*GetStructuredStateResponse, error)
+	// Replaces the session's structured state as a whole (what `stratad ctl
+	// import` restores). INVALID_ARGUMENT unless it is a JSON object whose
+	// facets the daemon can serve.
+	ReplaceStructuredState(context.Context, *ReplaceStructuredStateRequest) (*ReplaceStructuredStateResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -149,6 +185,12 @@ func (UnimplementedSessionServiceServer) DeleteSession(context.Context, *DeleteS
 }
 func (UnimplementedSessionServiceServer) WatchSession(*WatchSessionRequest, grpc.ServerStreamingServer[WatchSessionResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchSession not implemented")
+}
+func (UnimplementedSessionServiceServer) GetStructuredState(context.Context, *GetStructuredStateRequest) (*GetStructuredStateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetStructuredState not implemented")
+}
+func (UnimplementedSessionServiceServer) ReplaceStructuredState(context.Context, *ReplaceStructuredStateRequest) (*ReplaceStructuredStateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplaceStructuredState not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -254,6 +296,42 @@ func _SessionService_WatchSession_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_WatchSessionServer = grpc.ServerStreamingServer[WatchSessionResponse]
 
+func _SessionService_GetStructuredState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStructuredStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).GetStructuredState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_GetStructuredState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).GetStructuredState(ctx, req.(*GetStructuredStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SessionService_ReplaceStructuredState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplaceStructuredStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ReplaceStructuredState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ReplaceStructuredState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ReplaceStructuredState(ctx, req.(*ReplaceStructuredStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -276,6 +354,14 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSession",
 			Handler:    _SessionService_DeleteSession_Handler,
+		},
+		{
+			MethodName: "GetStructuredState",
+			Handler:    _SessionService_GetStructuredState_Handler,
+		},
+		{
+			MethodName: "ReplaceStructuredState",
+			Handler:    _SessionService_ReplaceStructuredState_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
