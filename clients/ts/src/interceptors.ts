@@ -41,13 +41,25 @@ export function retryInterceptor(policy: RetryPolicy): Interceptor {
     for (let attempt = 1; ; attempt++) {
       try {
         return await next(request);
-      } catch (error) {
-        const retryable = ConnectError.from(error).code === Code.Unavailable;
+      } catch (thrown) {
+        const error = asUnavailable(ConnectError.from(thrown), request.signal);
+        const retryable = error.code === Code.Unavailable;
         if (!retryable || attempt >= policy.maxAttempts || request.signal.aborted) throw error;
         await sleep(backoffMs(policy, attempt), request.signal);
       }
     }
   };
+}
+
+/**
+ * connect reports a connection the peer dropped as CANCELED ("http/2 stream
+ * closed with error code CANCEL"); gRPC calls that UNAVAILABLE. Only the
+ * caller's signal (or the deadline) cancels a call, so a CANCELED without an
+ * aborted signal is the transport failing.
+ */
+function asUnavailable(error: ConnectError, signal: AbortSignal): ConnectError {
+  if (error.code !== Code.Canceled || signal.aborted) return error;
+  return new ConnectError(error.rawMessage, Code.Unavailable, error.metadata, undefined, error);
 }
 
 function backoffMs(policy: RetryPolicy, attempt: number): number {
