@@ -150,7 +150,7 @@ function defaultReason(code: Code): string {
  */
 export function toStratadError(error: unknown): StratadError {
   if (error instanceof StratadError) return error;
-  const connectError = ConnectError.from(error);
+  const connectError = asTransportFailure(ConnectError.from(error));
   const info = connectError
     .findDetails(ErrorInfoSchema)
     .find((detail) => detail.domain === ERROR_DOMAIN);
@@ -161,6 +161,25 @@ export function toStratadError(error: unknown): StratadError {
     metadata: info?.metadata,
     cause: connectError,
   });
+}
+
+/**
+ * gRPC reports a call that failed below it (connection reset, TLS handshake,
+ * protocol error) as UNAVAILABLE; connect-node reports such Node.js errors as
+ * INTERNAL or ABORTED, which would read as a daemon bug or as a version
+ * conflict. A status the daemon sent has no Node.js error as its cause.
+ */
+export function asTransportFailure(error: ConnectError): ConnectError {
+  const transportCodes = [Code.Internal, Code.Aborted, Code.Unknown];
+  if (!transportCodes.includes(error.code) || nodeErrorCode(error.cause) === undefined) return error;
+  return new ConnectError(error.rawMessage, Code.Unavailable, error.metadata, undefined, error.cause);
+}
+
+/** The `code` of the first Node.js error (ECONNRESET, ERR_TLS_...) in a cause chain. */
+function nodeErrorCode(cause: unknown, depth = 0): string | undefined {
+  if (!(cause instanceof Error) || depth > 8) return undefined;
+  const code = (cause as { code?: unknown }).code;
+  return typeof code === "string" ? code : nodeErrorCode(cause.cause, depth + 1);
 }
 
 /**

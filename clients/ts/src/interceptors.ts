@@ -5,6 +5,7 @@
  * `withStratadErrors`: connect rewraps whatever an interceptor throws.)
  */
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+import { asTransportFailure } from "./errors.js";
 
 /** Adds fixed headers (tenant, authorization) to every request. */
 export function headersInterceptor(headers: Record<string, string>): Interceptor {
@@ -42,7 +43,7 @@ export function retryInterceptor(policy: RetryPolicy): Interceptor {
       try {
         return await next(request);
       } catch (thrown) {
-        const error = asUnavailable(ConnectError.from(thrown), request.signal);
+        const error = asUnavailable(asTransportFailure(ConnectError.from(thrown)), request.signal);
         const retryable = error.code === Code.Unavailable;
         if (!retryable || attempt >= policy.maxAttempts || request.signal.aborted) throw error;
         await sleep(backoffMs(policy, attempt), request.signal);
