@@ -111,6 +111,24 @@ def test_ts_suites_pass_against_real_daemons(
     )  # fmt: skip
     wait_serving(auth_unix, timeout=30.0, proc=secured.proc)
 
+    # mTLS: the identity is the client certificate's name.
+    client_cert = pki.client("agent-1.acme.svc", dns=("agent-1.acme.svc",))
+    mtls_identities = tmp_path / "mtls-identities.toml"
+    mtls_identities.write_text(
+        '[clients]\n"agent-1.acme.svc" = { tenant = "acme", role = "agent" }\n'
+    )
+    mtls_unix = f"unix:{tmp_path}/mtls.sock"
+    mutual = start_daemon(
+        "--listen-unix", mtls_unix,
+        "--tls-cert-file", str(issued.cert),
+        "--tls-key-file", str(issued.key),
+        "--tls-client-ca-file", str(pki.ca_file),
+        "--auth", "mtls",
+        "--auth-tokens-file", str(mtls_identities),
+        wait=False,
+    )  # fmt: skip
+    wait_serving(mtls_unix, timeout=30.0, proc=mutual.proc)
+
     output = npm(
         ts_package,
         "test",
@@ -121,15 +139,18 @@ def test_ts_suites_pass_against_real_daemons(
             STRATAD_TEST_TLS_CA=str(pki.ca_file),
             STRATAD_TEST_AGENT_TOKEN=agent,
             STRATAD_TEST_ADMIN_TOKEN=admin,
+            STRATAD_TEST_MTLS_ADDRESS=mutual.target,
+            STRATAD_TEST_CLIENT_CERT=str(client_cert.cert),
+            STRATAD_TEST_CLIENT_KEY=str(client_cert.key),
         ),
     )
     counts = dict(re.findall(r"^# (tests|pass|fail|skipped|cancelled) (\d+)$", output, re.M))
     # Every daemon variable is set: a skipped test would be a test that did not run.
     assert counts.get("fail") == "0" and counts.get("skipped") == "0", output
     assert counts.get("cancelled") == "0", output
-    assert int(counts["pass"]) == int(counts["tests"]) >= 29, output
-    # Both daemons kept serving through every refusal the suites provoked.
-    assert plain.proc.poll() is None and secured.proc.poll() is None
+    assert int(counts["pass"]) == int(counts["tests"]) >= 31, output
+    # The daemons kept serving through every refusal the suites provoked.
+    assert all(d.proc.poll() is None for d in (plain, secured, mutual))
 
 
 def test_quickstart_example_effects_are_visible_from_python(

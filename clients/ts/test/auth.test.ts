@@ -1,7 +1,8 @@
 // Against a real daemon with TLS and auth=token (tests/e2e/test_client_ts.py
 // starts one): STRATAD_TEST_AUTH_ADDRESS, STRATAD_TEST_TLS_CA, and tokens of an
 // agent of tenant "acme" (STRATAD_TEST_AGENT_TOKEN) and of an admin
-// (STRATAD_TEST_ADMIN_TOKEN).
+// (STRATAD_TEST_ADMIN_TOKEN); and a daemon with auth=mtls, STRATAD_TEST_MTLS_ADDRESS,
+// with a client certificate it maps to tenant "acme" (STRATAD_TEST_CLIENT_CERT/_KEY).
 import assert from "node:assert/strict";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -14,7 +15,7 @@ import {
   UnauthenticatedError,
   UnavailableError,
 } from "../src/index.js";
-import { AUTH, decode, rejectsWith, skipUnless, uniqueId } from "./helpers.js";
+import { AUTH, MTLS, decode, rejectsWith, skipUnless, uniqueId } from "./helpers.js";
 
 describe("TLS and bearer tokens", { skip: skipUnless(AUTH.address, "STRATAD_TEST_AUTH_ADDRESS") }, () => {
   const tls = { caFile: AUTH.caFile };
@@ -92,5 +93,43 @@ describe("TLS and bearer tokens", { skip: skipUnless(AUTH.address, "STRATAD_TEST
     await withClient({ token: AUTH.agentToken, tls: false, retry: noRetry, deadlineMs: 5000 }, (client) =>
       assert.rejects(client.getSession("s"), UnavailableError),
     );
+  });
+});
+
+describe("mutual TLS", { skip: skipUnless(MTLS.address, "STRATAD_TEST_MTLS_ADDRESS") }, () => {
+  test("the client certificate from STRATAD_TLS_CERT/_KEY is the identity; without one the handshake fails", async () => {
+    const env = {
+      STRATAD_ADDRESS: MTLS.address,
+      STRATAD_TLS_CA: AUTH.caFile,
+      STRATAD_TLS_CERT: MTLS.certFile,
+      STRATAD_TLS_KEY: MTLS.keyFile,
+    };
+    const client = new StratadClient({ env });
+    const sessionId = uniqueId("mtls");
+    try {
+      await client.createSession(sessionId);
+      await client.saveState(sessionId, "over mTLS");
+      assert.equal(decode((await client.loadState(sessionId)).data), "over mTLS");
+      // The certificate maps to an agent of "acme": naming another tenant is refused.
+      const elsewhere = new StratadClient({ env, tenant: "someone-else" });
+      try {
+        await rejectsWith(elsewhere.getSession(sessionId), PermissionDeniedError, [Reason.TENANT_MISMATCH]);
+      } finally {
+        elsewhere.close();
+      }
+    } finally {
+      client.close();
+    }
+    const noCertificate = new StratadClient({
+      address: MTLS.address,
+      tls: { caFile: AUTH.caFile },
+      retry: { maxAttempts: 1 },
+      env: {},
+    });
+    try {
+      await assert.rejects(noCertificate.getSession(sessionId), UnavailableError);
+    } finally {
+      noCertificate.close();
+    }
   });
 });

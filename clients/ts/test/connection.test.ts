@@ -12,6 +12,7 @@ import {
   parseAddress,
   resolveConnection,
   toStratadError,
+  InternalError,
   VersionConflictError,
   UnavailableError,
 } from "../src/index.js";
@@ -80,6 +81,18 @@ describe("toStratadError", () => {
     assert.equal(error.codeName, "UNAVAILABLE");
     assert.ok(toStratadError(new ConnectError("stale", Code.Aborted)) instanceof VersionConflictError);
     assert.equal(toStratadError(new ConnectError("stale", Code.Aborted)).reason, "VERSION_CONFLICT");
+  });
+
+  test("a transport failure is UnavailableError, never a daemon status such as VERSION_CONFLICT", () => {
+    // connect-node reports a reset connection as ABORTED, a TLS failure as INTERNAL.
+    const reset = Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" });
+    const fromReset = toStratadError(new ConnectError("read ECONNRESET", Code.Aborted, undefined, undefined, reset));
+    assert.ok(fromReset instanceof UnavailableError, String(fromReset));
+    assert.equal(fromReset.reason, "UNAVAILABLE");
+    const tls = Object.assign(new Error("altnames"), { code: "ERR_TLS_CERT_ALTNAME_INVALID" });
+    assert.ok(toStratadError(new ConnectError("altnames", Code.Internal, undefined, undefined, tls)) instanceof UnavailableError);
+    // The daemon's own statuses carry no Node.js error: they keep their code.
+    assert.ok(toStratadError(new ConnectError("bug", Code.Internal)) instanceof InternalError);
   });
 
   test("code names are gRPC's", () => {

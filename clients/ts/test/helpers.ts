@@ -15,6 +15,12 @@ export const AUTH = {
   agentToken: process.env.STRATAD_TEST_AGENT_TOKEN ?? "",
   adminToken: process.env.STRATAD_TEST_ADMIN_TOKEN ?? "",
 };
+/** A daemon with auth=mtls (same CA) and a client certificate it maps to tenant "acme". */
+export const MTLS = {
+  address: process.env.STRATAD_TEST_MTLS_ADDRESS ?? "",
+  certFile: process.env.STRATAD_TEST_CLIENT_CERT ?? "",
+  keyFile: process.env.STRATAD_TEST_CLIENT_KEY ?? "",
+};
 
 export function skipUnless(value: string, variable: string): string | false {
   return value ? false : `${variable} is not set (start a daemon, or run tests/e2e/test_client_ts.py)`;
