@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
-        rust-check proto proto-check core-purity bench clean deploy-check s3-server
+        rust-check proto proto-check core-purity bench clean deploy-check s3-server \
+        ts-client ts-proto
 
 help: ## List the targets with a one-line description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +60,15 @@ proto: $(STAMP) ## Regenerate python/stratad/api/v1 from proto/
 
 proto-check: $(STAMP) ## Fail if the committed generated code differs from proto/
 	$(PY) scripts/gen_proto.py --check
+
+ts-client: $(STAMP) ## TypeScript client: npm ci if stale, build, generated-code freshness, tsc
+	scripts/ts-client-deps.sh
+	cd clients/ts && STRATAD_PYTHON=$(abspath $(PY)) npm run --silent check:generated
+	cd clients/ts && npm run --silent typecheck
+
+ts-proto: $(STAMP) ## Regenerate clients/ts/src/gen from proto/ (after `make proto`)
+	scripts/ts-client-deps.sh
+	cd clients/ts && STRATAD_PYTHON=$(abspath $(PY)) npm run --silent generate
 
 core-purity: ## Fail if the pure Rust core depends on pyo3
 	@if cargo tree -p stratad-core -e normal | grep -qi pyo3; then \

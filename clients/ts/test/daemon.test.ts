@@ -138,6 +138,13 @@ describe("sessions and checkpoints", { skip: skipUnless(ADDRESS, "STRATAD_TEST_A
     const sessionId = uniqueId("taken");
     await client.createSession(sessionId);
     await rejectsWith(client.createSession(sessionId), AlreadyExistsError, [Reason.ALREADY_EXISTS]);
+    // A client-chosen checkpoint ID makes a repeated save (a retry) fail instead of duplicating.
+    const checkpointId = uniqueId("ckpt");
+    await client.saveState(sessionId, "once", { checkpointId });
+    await rejectsWith(client.saveState(sessionId, "twice", { checkpointId }), AlreadyExistsError, [
+      Reason.ALREADY_EXISTS,
+    ]);
+    assert.equal((await client.getSession(sessionId)).checkpointCount, 1);
   });
 
   test("tenants are isolated: the same ID in two tenants, neither sees the other's", async () => {
