@@ -77,6 +77,24 @@ def new_token(run_stratad: Callable[..., Any], tenant: str, role: str) -> tuple[
     return token, entry
 
 
+def test_the_ts_reason_list_knows_every_reason_the_daemon_raises() -> None:
+    """`Reason` in clients/ts/src/errors.ts lists every reason literal in python/stratad."""
+    literal = re.compile(r"""\b(?:default_)?reason\s*=\s*["']([A-Z][A-Z0-9_]+)["']""")
+    raised = {
+        reason
+        for source in (ROOT / "python" / "stratad").rglob("*.py")
+        for reason in literal.findall(source.read_text())
+    }
+    listed = set(
+        re.findall(
+            r"^  ([A-Z][A-Z0-9_]+): \"\1\",$", (PACKAGE / "src" / "errors.ts").read_text(), re.M
+        )
+    )
+    assert len(raised) > 20 and len(listed) > 20
+    missing = sorted(raised - listed)
+    assert not missing, f"add {missing} to Reason in clients/ts/src/errors.ts (and docs/errors.md)"
+
+
 def test_generated_code_is_fresh_and_the_package_type_checks(ts_package: Path) -> None:
     env = node_env(STRATAD_PYTHON=sys.executable)
     assert "up to date" in npm(ts_package, "check:generated", env=env)
