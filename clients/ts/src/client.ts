@@ -187,10 +187,12 @@ export class StratadClient {
     const { baseUrl, nodeOptions } = dialOptions(this.connection);
     this.sessionManager = new Http2SessionManager(baseUrl, undefined, nodeOptions);
     const maxBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    const defaultDeadline = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     this.transport = createGrpcTransport({
       baseUrl,
       sessionManager: this.sessionManager,
-      defaultTimeoutMs: options.deadlineMs ?? DEFAULT_DEADLINE_MS,
+      // connect reads a default of 0 as "already expired"; undefined is "no deadline".
+      defaultTimeoutMs: defaultDeadline > 0 ? defaultDeadline : undefined,
       // Room for the message's other fields next to a state of maxBytes, as the Python SDK allows.
       readMaxBytes: maxBytes + (1 << 20),
       writeMaxBytes: maxBytes + (1 << 20),

@@ -193,6 +193,18 @@ describe("sessions and checkpoints", { skip: skipUnless(ADDRESS, "STRATAD_TEST_A
     assert.ok(replayed.includes(saved.checkpointId), `replayed ${replayed.join(",")}`);
   });
 
+  test("deadlineMs 0 means no deadline, for the client and for a call", async () => {
+    const unbounded = new StratadClient({ address: ADDRESS, tenant: "ts-tests", env: {}, deadlineMs: 0 });
+    try {
+      const sessionId = uniqueId("nodeadline");
+      await unbounded.createSession(sessionId);
+      assert.equal((await unbounded.getSession(sessionId, { deadlineMs: 0 })).sessionId, sessionId);
+      assert.equal((await client.getSession(sessionId, { deadlineMs: 0 })).sessionId, sessionId);
+    } finally {
+      unbounded.close();
+    }
+  });
+
   test("raw clients of other services share the connection and headers", async () => {
     const stats = await client.admin.getStoreStats({});
     assert.ok(stats.sessions >= 1n, `sessions ${stats.sessions}`);
