@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import {
   AlreadyExistsError,
+  CanceledError,
   Code,
   DeadlineExceededError,
   InvalidArgumentError,
@@ -191,6 +192,19 @@ describe("sessions and checkpoints", { skip: skipUnless(ADDRESS, "STRATAD_TEST_A
       }
     }, DeadlineExceededError);
     assert.ok(replayed.includes(saved.checkpointId), `replayed ${replayed.join(",")}`);
+
+    // Without a deadline a watch stays open until its signal ends it: CanceledError.
+    const later = await client.saveState(sessionId, "later");
+    const controller = new AbortController();
+    const seen: string[] = [];
+    await assert.rejects(async () => {
+      const events = client.watchSession(sessionId, { fromVersion: saved.version, signal: controller.signal });
+      for await (const event of events) {
+        seen.push(event.checkpointId);
+        if (event.checkpointId === later.checkpointId) controller.abort();
+      }
+    }, CanceledError);
+    assert.ok(seen.includes(later.checkpointId), `seen ${seen.join(",")}`);
   });
 
   test("deadlineMs 0 means no deadline, for the client and for a call", async () => {
