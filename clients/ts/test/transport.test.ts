@@ -91,6 +91,22 @@ describe("retries", () => {
     }
   });
 
+  test("retries stop at the deadline: the backoff never outlives the call", async () => {
+    const client = new StratadClient({
+      address: dropping.address,
+      env: {},
+      deadlineMs: 300,
+      retry: { maxAttempts: 100, initialBackoffMs: 60_000, maxBackoffMs: 60_000 },
+    });
+    try {
+      connections = 0;
+      await assert.rejects(client.getSession("s"), DeadlineExceededError);
+      assert.ok(connections >= 1 && connections < 100, `connections ${connections}`);
+    } finally {
+      client.close();
+    }
+  });
+
   test("maxAttempts 1 turns retries off", async () => {
     const client = new StratadClient({ address: dropping.address, env: {}, retry: { maxAttempts: 1 } });
     try {
