@@ -2,6 +2,7 @@
 // that accepts and never answers, and one that drops every connection.
 import assert from "node:assert/strict";
 import { createServer, type Server, type Socket } from "node:net";
+import type { Interceptor } from "@connectrpc/connect";
 import { after, before, describe, test } from "node:test";
 import { CanceledError, DeadlineExceededError, StratadClient, UnavailableError } from "../src/index.js";
 
@@ -42,12 +43,18 @@ describe("deadlines", () => {
   });
 
   test("a call the caller aborts fails with CanceledError and is not retried", async () => {
-    const client = new StratadClient({ address: silent.address, env: {} });
+    let attempts = 0;
+    const countAttempts: Interceptor = (next) => (request) => {
+      attempts += 1;
+      return next(request);
+    };
+    const client = new StratadClient({ address: silent.address, env: {}, interceptors: [countAttempts] });
     try {
       const controller = new AbortController();
       const call = client.getSession("s", { signal: controller.signal });
       setTimeout(() => controller.abort(), 50);
       await assert.rejects(call, CanceledError);
+      assert.equal(attempts, 1);
     } finally {
       client.close();
     }
