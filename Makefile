@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 .PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
         rust-check proto proto-check core-purity bench clean deploy-check s3-server \
-        go-tools proto-lint go-gen go-check chromium
+        go-tools proto-lint go-gen go-check chromium ts-client ts-proto
 
 help: ## List the targets with a one-line description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -75,6 +75,15 @@ go-check: ## Fail if clients/go/stratadv1 is stale, or clients/go is not gofmt-c
 	bash scripts/buf-check.sh check-go
 	@out=$$(cd clients/go && gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	cd clients/go && go vet ./...
+
+ts-client: $(STAMP) ## TypeScript client: npm ci if stale, build, generated-code freshness, tsc
+	scripts/ts-client-deps.sh
+	cd clients/ts && STRATAD_PYTHON=$(abspath $(PY)) npm run --silent check:generated
+	cd clients/ts && npm run --silent typecheck
+
+ts-proto: $(STAMP) ## Regenerate clients/ts/src/gen from proto/ (after `make proto`)
+	scripts/ts-client-deps.sh
+	cd clients/ts && STRATAD_PYTHON=$(abspath $(PY)) npm run --silent generate
 
 core-purity: ## Fail if the pure Rust core depends on pyo3
 	@if cargo tree -p stratad-core -e normal | grep -qi pyo3; then \
