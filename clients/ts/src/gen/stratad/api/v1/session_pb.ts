@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file stratad/api/v1/session.proto.
  */
 export const file_stratad_api_v1_session: GenFile = /*@__PURE__*/
-  fileDesc("ChxzdHJhdGFkL2FwaS92MS9zZXNzaW9uLnByb3RvEg5zdHJhdGFkLmFwaS52MSKuAwoHU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEi0KBnN0YXR1cxgCIAEoDjIdLnN0cmF0YWQuYXBpLnYxLlNlc3Npb25TdGF0dXMSDwoHdmVyc2lvbhgDIAEoBBIzCgZsYWJlbHMYBCADKAsyIy5zdHJhdGFkLmFwaS52MS5TZXNzaW9uLkxhYmVsc0VudHJ5Ei4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhgKEGNoZWNrcG9pbnRfY291bnQYByABKA0SGgoSaGVhZF9jaGVja3BvaW50X2lkGAggASgJEjIKCXJldGVudGlvbhgJIAEoCzIfLnN0cmF0YWQuYXBpLnYxLlJldGVudGlvblBvbGljeRIhChlmb3JrZWRfZnJvbV9jaGVja3BvaW50X2lkGAogASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiPQoPUmV0ZW50aW9uUG9saWN5EhEKCWtlZXBfbGFzdBgBIAEoDRIXCg9tYXhfYWdlX3NlY29uZHMYAiABKAEizwEKFENyZWF0ZVNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSQAoGbGFiZWxzGAIgAygLMjAuc3RyYXRhZC5hcGkudjEuQ3JlYXRlU2Vzc2lvblJlcXVlc3QuTGFiZWxzRW50cnkSMgoJcmV0ZW50aW9uGAMgASgLMh8uc3RyYXRhZC5hcGkudjEuUmV0ZW50aW9uUG9saWN5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiQQoVQ3JlYXRlU2Vzc2lvblJlc3BvbnNlEigKB3Nlc3Npb24YASABKAsyFy5zdHJhdGFkLmFwaS52MS5TZXNzaW9uIicKEUdldFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiPgoSR2V0U2Vzc2lvblJlc3BvbnNlEigKB3Nlc3Npb24YASABKAsyFy5zdHJhdGFkLmFwaS52MS5TZXNzaW9uIkwKE0xpc3RTZXNzaW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSDgoGcHJlZml4GAMgASgJIloKFExpc3RTZXNzaW9uc1Jlc3BvbnNlEikKCHNlc3Npb25zGAEgAygLMhcuc3RyYXRhZC5hcGkudjEuU2Vzc2lvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiRAoURGVsZXRlU2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIYChBleHBlY3RlZF92ZXJzaW9uGAIgASgEIhcKFURlbGV0ZVNlc3Npb25SZXNwb25zZSI/ChNXYXRjaFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSFAoMZnJvbV92ZXJzaW9uGAIgASgEIkMKFFdhdGNoU2Vzc2lvblJlc3BvbnNlEisKBWV2ZW50GAEgASgLMhwuc3RyYXRhZC5hcGkudjEuU2Vzc2lvbkV2ZW50Iq8BCgxTZXNzaW9uRXZlbnQSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgEEgwKBGtpbmQYAyABKAkSJgoCYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDWNoZWNrcG9pbnRfaWQYBSABKAkSLQoGc3RhdHVzGAYgASgOMh0uc3RyYXRhZC5hcGkudjEuU2Vzc2lvblN0YXR1czLZAwoOU2Vzc2lvblNlcnZpY2USXAoNQ3JlYXRlU2Vzc2lvbhIkLnN0cmF0YWQuYXBpLnYxLkNyZWF0ZVNlc3Npb25SZXF1ZXN0GiUuc3RyYXRhZC5hcGkudjEuQ3JlYXRlU2Vzc2lvblJlc3BvbnNlElMKCkdldFNlc3Npb24SIS5zdHJhdGFkLmFwaS52MS5HZXRTZXNzaW9uUmVxdWVzdBoiLnN0cmF0YWQuYXBpLnYxLkdldFNlc3Npb25SZXNwb25zZRJZCgxMaXN0U2Vzc2lvbnMSIy5zdHJhdGFkLmFwaS52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GiQuc3RyYXRhZC5hcGkudjEuTGlzdFNlc3Npb25zUmVzcG9uc2USXAoNRGVsZXRlU2Vzc2lvbhIkLnN0cmF0YWQuYXBpLnYxLkRlbGV0ZVNlc3Npb25SZXF1ZXN0GiUuc3RyYXRhZC5hcGkudjEuRGVsZXRlU2Vzc2lvblJlc3BvbnNlElsKDFdhdGNoU2Vzc2lvbhIjLnN0cmF0YWQuYXBpLnYxLldhdGNoU2Vzc2lvblJlcXVlc3QaJC5zdHJhdGFkLmFwaS52MS5XYXRjaFNlc3Npb25SZXNwb25zZTABQlsKEWlvLnN0cmF0YWQuYXBpLnYxQgxTZXNzaW9uUHJvdG9QAVo2Z2l0aHViLmNvbS9zdHJhdGFkL3N0cmF0YWQvZ2VuL2dvL3N0cmF0YWQvYXBpL3YxO2FwaXYxYgZwcm90bzM", [file_google_protobuf_timestamp, file_stratad_api_v1_common]);
+  fileDesc("ChxzdHJhdGFkL2FwaS92MS9zZXNzaW9uLnByb3RvEg5zdHJhdGFkLmFwaS52MSKuAwoHU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEi0KBnN0YXR1cxgCIAEoDjIdLnN0cmF0YWQuYXBpLnYxLlNlc3Npb25TdGF0dXMSDwoHdmVyc2lvbhgDIAEoBBIzCgZsYWJlbHMYBCADKAsyIy5zdHJhdGFkLmFwaS52MS5TZXNzaW9uLkxhYmVsc0VudHJ5Ei4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhgKEGNoZWNrcG9pbnRfY291bnQYByABKA0SGgoSaGVhZF9jaGVja3BvaW50X2lkGAggASgJEjIKCXJldGVudGlvbhgJIAEoCzIfLnN0cmF0YWQuYXBpLnYxLlJldGVudGlvblBvbGljeRIhChlmb3JrZWRfZnJvbV9jaGVja3BvaW50X2lkGAogASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiPQoPUmV0ZW50aW9uUG9saWN5EhEKCWtlZXBfbGFzdBgBIAEoDRIXCg9tYXhfYWdlX3NlY29uZHMYAiABKAEizwEKFENyZWF0ZVNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSQAoGbGFiZWxzGAIgAygLMjAuc3RyYXRhZC5hcGkudjEuQ3JlYXRlU2Vzc2lvblJlcXVlc3QuTGFiZWxzRW50cnkSMgoJcmV0ZW50aW9uGAMgASgLMh8uc3RyYXRhZC5hcGkudjEuUmV0ZW50aW9uUG9saWN5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiQQoVQ3JlYXRlU2Vzc2lvblJlc3BvbnNlEigKB3Nlc3Npb24YASABKAsyFy5zdHJhdGFkLmFwaS52MS5TZXNzaW9uIicKEUdldFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiPgoSR2V0U2Vzc2lvblJlc3BvbnNlEigKB3Nlc3Npb24YASABKAsyFy5zdHJhdGFkLmFwaS52MS5TZXNzaW9uIkwKE0xpc3RTZXNzaW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSDgoGcHJlZml4GAMgASgJIloKFExpc3RTZXNzaW9uc1Jlc3BvbnNlEikKCHNlc3Npb25zGAEgAygLMhcuc3RyYXRhZC5hcGkudjEuU2Vzc2lvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiRAoURGVsZXRlU2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIYChBleHBlY3RlZF92ZXJzaW9uGAIgASgEIhcKFURlbGV0ZVNlc3Npb25SZXNwb25zZSI/ChNXYXRjaFNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSFAoMZnJvbV92ZXJzaW9uGAIgASgEIkMKFFdhdGNoU2Vzc2lvblJlc3BvbnNlEisKBWV2ZW50GAEgASgLMhwuc3RyYXRhZC5hcGkudjEuU2Vzc2lvbkV2ZW50Iq8BCgxTZXNzaW9uRXZlbnQSEgoKc2Vzc2lvbl9pZBgBIAEoCRIPCgd2ZXJzaW9uGAIgASgEEgwKBGtpbmQYAyABKAkSJgoCYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhUKDWNoZWNrcG9pbnRfaWQYBSABKAkSLQoGc3RhdHVzGAYgASgOMh0uc3RyYXRhZC5hcGkudjEuU2Vzc2lvblN0YXR1cyIvChlHZXRTdHJ1Y3R1cmVkU3RhdGVSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiRgoaR2V0U3RydWN0dXJlZFN0YXRlUmVzcG9uc2USFwoPc3RydWN0dXJlZF9qc29uGAEgASgMEg8KB3ZlcnNpb24YAiABKAQiZgodUmVwbGFjZVN0cnVjdHVyZWRTdGF0ZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIXCg9zdHJ1Y3R1cmVkX2pzb24YAiABKAwSGAoQZXhwZWN0ZWRfdmVyc2lvbhgDIAEoBCIxCh5SZXBsYWNlU3RydWN0dXJlZFN0YXRlUmVzcG9uc2USDwoHdmVyc2lvbhgBIAEoBDK/BQoOU2Vzc2lvblNlcnZpY2USXAoNQ3JlYXRlU2Vzc2lvbhIkLnN0cmF0YWQuYXBpLnYxLkNyZWF0ZVNlc3Npb25SZXF1ZXN0GiUuc3RyYXRhZC5hcGkudjEuQ3JlYXRlU2Vzc2lvblJlc3BvbnNlElMKCkdldFNlc3Npb24SIS5zdHJhdGFkLmFwaS52MS5HZXRTZXNzaW9uUmVxdWVzdBoiLnN0cmF0YWQuYXBpLnYxLkdldFNlc3Npb25SZXNwb25zZRJZCgxMaXN0U2Vzc2lvbnMSIy5zdHJhdGFkLmFwaS52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GiQuc3RyYXRhZC5hcGkudjEuTGlzdFNlc3Npb25zUmVzcG9uc2USXAoNRGVsZXRlU2Vzc2lvbhIkLnN0cmF0YWQuYXBpLnYxLkRlbGV0ZVNlc3Npb25SZXF1ZXN0GiUuc3RyYXRhZC5hcGkudjEuRGVsZXRlU2Vzc2lvblJlc3BvbnNlElsKDFdhdGNoU2Vzc2lvbhIjLnN0cmF0YWQuYXBpLnYxLldhdGNoU2Vzc2lvblJlcXVlc3QaJC5zdHJhdGFkLmFwaS52MS5XYXRjaFNlc3Npb25SZXNwb25zZTABEmsKEkdldFN0cnVjdHVyZWRTdGF0ZRIpLnN0cmF0YWQuYXBpLnYxLkdldFN0cnVjdHVyZWRTdGF0ZVJlcXVlc3QaKi5zdHJhdGFkLmFwaS52MS5HZXRTdHJ1Y3R1cmVkU3RhdGVSZXNwb25zZRJ3ChZSZXBsYWNlU3RydWN0dXJlZFN0YXRlEi0uc3RyYXRhZC5hcGkudjEuUmVwbGFjZVN0cnVjdHVyZWRTdGF0ZVJlcXVlc3QaLi5zdHJhdGFkLmFwaS52MS5SZXBsYWNlU3RydWN0dXJlZFN0YXRlUmVzcG9uc2VCXgoRaW8uc3RyYXRhZC5hcGkudjFCDFNlc3Npb25Qcm90b1ABWjlnaXRodWIuY29tL3N0cmF0YWQvc3RyYXRhZC9jbGllbnRzL2dvL3N0cmF0YWR2MTtzdHJhdGFkdjFiBnByb3RvMw", [file_google_protobuf_timestamp, file_stratad_api_v1_common]);
 
 /**
  * @generated from message stratad.api.v1.Session
@@ -368,6 +368,99 @@ export const SessionEventSchema: GenMessage<SessionEvent> = /*@__PURE__*/
   messageDesc(file_stratad_api_v1_session, 12);
 
 /**
+ * @generated from message stratad.api.v1.GetStructuredStateRequest
+ */
+export type GetStructuredStateRequest = Message<"stratad.api.v1.GetStructuredStateRequest"> & {
+  /**
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+};
+
+/**
+ * Describes the message stratad.api.v1.GetStructuredStateRequest.
+ * Use `create(GetStructuredStateRequestSchema)` to create a new message.
+ */
+export const GetStructuredStateRequestSchema: GenMessage<GetStructuredStateRequest> = /*@__PURE__*/
+  messageDesc(file_stratad_api_v1_session, 13);
+
+/**
+ * @generated from message stratad.api.v1.GetStructuredStateResponse
+ */
+export type GetStructuredStateResponse = Message<"stratad.api.v1.GetStructuredStateResponse"> & {
+  /**
+   * A JSON object: facet name -> its state; "{}" when the session has none.
+   *
+   * @generated from field: bytes structured_json = 1;
+   */
+  structuredJson: Uint8Array;
+
+  /**
+   * The session's version when it was read.
+   *
+   * @generated from field: uint64 version = 2;
+   */
+  version: bigint;
+};
+
+/**
+ * Describes the message stratad.api.v1.GetStructuredStateResponse.
+ * Use `create(GetStructuredStateResponseSchema)` to create a new message.
+ */
+export const GetStructuredStateResponseSchema: GenMessage<GetStructuredStateResponse> = /*@__PURE__*/
+  messageDesc(file_stratad_api_v1_session, 14);
+
+/**
+ * @generated from message stratad.api.v1.ReplaceStructuredStateRequest
+ */
+export type ReplaceStructuredStateRequest = Message<"stratad.api.v1.ReplaceStructuredStateRequest"> & {
+  /**
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * A JSON object as GetStructuredState returns it; "{}" clears every facet.
+   *
+   * @generated from field: bytes structured_json = 2;
+   */
+  structuredJson: Uint8Array;
+
+  /**
+   * 0 = don't check; otherwise ABORTED unless the session is at this version.
+   *
+   * @generated from field: uint64 expected_version = 3;
+   */
+  expectedVersion: bigint;
+};
+
+/**
+ * Describes the message stratad.api.v1.ReplaceStructuredStateRequest.
+ * Use `create(ReplaceStructuredStateRequestSchema)` to create a new message.
+ */
+export const ReplaceStructuredStateRequestSchema: GenMessage<ReplaceStructuredStateRequest> = /*@__PURE__*/
+  messageDesc(file_stratad_api_v1_session, 15);
+
+/**
+ * @generated from message stratad.api.v1.ReplaceStructuredStateResponse
+ */
+export type ReplaceStructuredStateResponse = Message<"stratad.api.v1.ReplaceStructuredStateResponse"> & {
+  /**
+   * The session's version after the replacement.
+   *
+   * @generated from field: uint64 version = 1;
+   */
+  version: bigint;
+};
+
+/**
+ * Describes the message stratad.api.v1.ReplaceStructuredStateResponse.
+ * Use `create(ReplaceStructuredStateResponseSchema)` to create a new message.
+ */
+export const ReplaceStructuredStateResponseSchema: GenMessage<ReplaceStructuredStateResponse> = /*@__PURE__*/
+  messageDesc(file_stratad_api_v1_session, 16);
+
+/**
  * @generated from service stratad.api.v1.SessionService
  */
 export const SessionService: GenService<{
@@ -419,6 +512,29 @@ export const SessionService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchSessionRequestSchema;
     output: typeof WatchSessionResponseSchema;
+  },
+  /**
+   * The session's structured state (cognitive state, tasks, agent state) as one
+   * JSON object keyed by facet: what `stratad ctl export` archives.
+   *
+   * @generated from rpc stratad.api.v1.SessionService.GetStructuredState
+   */
+  getStructuredState: {
+    methodKind: "unary";
+    input: typeof GetStructuredStateRequestSchema;
+    output: typeof GetStructuredStateResponseSchema;
+  },
+  /**
+   * Replaces the session's structured state as a whole (what `stratad ctl
+   * import` restores). INVALID_ARGUMENT unless it is a JSON object whose
+   * facets the daemon can serve.
+   *
+   * @generated from rpc stratad.api.v1.SessionService.ReplaceStructuredState
+   */
+  replaceStructuredState: {
+    methodKind: "unary";
+    input: typeof ReplaceStructuredStateRequestSchema;
+    output: typeof ReplaceStructuredStateResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_stratad_api_v1_session, 0);
