@@ -60,7 +60,7 @@ class StoreStats:
     objects: int = 0
     logical_bytes: int = 0  # sum of the sizes of every checkpoint's state
     unique_bytes: int = 0  # uncompressed bytes of the distinct chunks referenced
-    stored_bytes: int = 0  # object files + journals on disk
+    stored_bytes: int = 0  # objects (frame bytes) + journals on disk
 
     @property
     def dedup_ratio(self) -> float:
