@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from stratad.domain.sessions import LiveSession, SessionManager
 from stratad.errors import DataLossError
 from stratad.store import manifest
 from stratad.store.tenant import ROOT_EMPTY, ROOT_MANIFEST, TenantStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,7 +60,7 @@ class StoreStats:
     objects: int = 0
     logical_bytes: int = 0  # sum of the sizes of every checkpoint's state
     unique_bytes: int = 0  # uncompressed bytes of the distinct chunks referenced
-    stored_bytes: int = 0  # object files + journals on disk
+    stored_bytes: int = 0  # objects (frame bytes) + journals on disk
 
     @property
     def dedup_ratio(self) -> float:
@@ -116,8 +119,13 @@ class Admin:
         report.remote_packs_condemned += remote.packs_condemned
 
     def _collect_tenant(self, store: TenantStore, report: GcReport) -> None:
-        with store.gc_running, store.objects.collecting() as started:
-            self._mark_and_sweep(store, report, started)
+        with store.gc_running:
+            with store.objects.collecting() as started:
+                self._mark_and_sweep(store, report, started)
+            store.objects.write_tombstones()
+            packs, freed = store.objects.compact()
+            if packs:
+                log.info("tenant %s: compacted %d packs, %d bytes freed", store.name, packs, freed)
 
     def _mark_and_sweep(self, store: TenantStore, report: GcReport, started: float) -> None:
         with store.gc_lock:

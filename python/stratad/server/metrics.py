@@ -344,7 +344,7 @@ class StoreCollector(Collector):
             ),
             (
                 "stratad_store_stored_bytes",
-                "Bytes on disk: object files and journals.",
+                "Bytes on disk: objects (frame bytes in packs) and journals.",
                 stats.stored_bytes,
             ),
             (

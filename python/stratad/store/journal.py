@@ -307,10 +307,14 @@ class Journal:
     def close(self) -> None:
         with self._append_lock:
             tally, self._tally = self._tally, None  # counted out once, however often closed
+            # Closed once too: a second os.close of the number would close
+            # whatever file was opened under it since (another journal, a pack).
+            fd, self._fd = self._fd, -1
         if tally is not None:
             tally.add(-self._size)
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def truncate(path: Path, size: int) -> None:

@@ -149,7 +149,7 @@ class TenantStore:
     def added_bytes(self, state: StoredState, owner: str) -> int:
         """What committing `state` for `owner` (and journaling it) adds to the store.
 
-        A new object counts twice: its file, and the copy its journal record
+        A new object counts twice: its pack entry, and the copy its journal record
         carries; an existing one the record must carry (see needs_inline), once.
         """
         added = 0
