@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from stratad import native
+from stratad import native, tracing
 from stratad.errors import CorruptObjectError, DataLossError
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import DIR_MODE, FILE_MODE, fsync_dir, make_dirs, sync_files
@@ -173,8 +173,10 @@ class ObjectStore:
         with self._flush_lock:
             with self._lock:
                 batch = list(self._pending.items())
-            for digest, frame in batch:
-                self._write_file(digest, frame)
+            if batch:
+                with tracing.span("stratad.objects.write", {"stratad.objects": len(batch)}):
+                    for digest, frame in batch:
+                        self._write_file(digest, frame)
             with self._lock:
                 for digest, frame in batch:
                     if self._pending.get(digest) is frame:
@@ -206,9 +208,10 @@ class ObjectStore:
         if unsynced:
             new_dirs, self._new_dirs = self._new_dirs, False
             try:
-                sync_files(self.root, (self.path_of(d) for d in unsynced))
-                if new_dirs:
-                    fsync_dir(self.root)
+                with tracing.span("stratad.objects.fsync", {"stratad.objects": len(unsynced)}):
+                    sync_files(self.root, (self.path_of(d) for d in unsynced))
+                    if new_dirs:
+                        fsync_dir(self.root)
             except OSError as exc:
                 raise self._fail_stop.trip(f"fsync of objects in {self.root}", exc) from exc
         with self._lock:
