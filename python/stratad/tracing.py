@@ -272,16 +272,27 @@ def client_tracer_provider() -> Any | None:
     return provider
 
 
-def client_interceptors(aio: bool) -> list[Any]:
-    """CLIENT-span interceptors for a channel (they also send ``traceparent``); [] when off."""
+def aio_client_interceptors() -> list[Any]:
+    """CLIENT-span interceptors for a grpc.aio channel (they also send ``traceparent``);
+    [] when the application does not trace."""
     provider = client_tracer_provider()
     if provider is None:
         return []
     from opentelemetry.instrumentation import grpc as otel_grpc
 
-    if aio:
-        return list(otel_grpc.aio_client_interceptors(tracer_provider=provider))  # type: ignore[no-untyped-call]
-    return [otel_grpc.client_interceptor(tracer_provider=provider)]  # type: ignore[no-untyped-call]
+    return list(otel_grpc.aio_client_interceptors(tracer_provider=provider))  # type: ignore[no-untyped-call]
+
+
+def traced_channel(channel: Any) -> Any:
+    """``channel`` (sync grpc) with CLIENT spans when the application traces, else itself."""
+    provider = client_tracer_provider()
+    if provider is None:
+        return channel
+    from opentelemetry.instrumentation import grpc as otel_grpc
+    from opentelemetry.instrumentation.grpc import grpcext
+
+    interceptor = otel_grpc.client_interceptor(tracer_provider=provider)  # type: ignore[no-untyped-call]
+    return grpcext.intercept_channel(channel, interceptor)  # type: ignore[no-untyped-call]
 
 
 __all__ = [
@@ -291,9 +302,9 @@ __all__ = [
     "SESSION_ATTRIBUTE",
     "TENANT_ATTRIBUTE",
     "active",
+    "aio_client_interceptors",
     "annotate",
     "batch_span",
-    "client_interceptors",
     "client_tracer_provider",
     "current_ids",
     "current_span_context",
@@ -302,5 +313,6 @@ __all__ = [
     "installed",
     "provider_from_config",
     "span",
+    "traced_channel",
     "uninstall",
 ]

@@ -19,7 +19,7 @@ variables when an argument is not given (None or empty):
 Tracing: when the application has set an OpenTelemetry tracer provider and
 the otel extra is installed, every channel made here starts a CLIENT span per
 call and sends its W3C ``traceparent``, so the daemon's spans join the
-application's trace (stratad.tracing.client_interceptors). Otherwise channels
+application's trace (stratad.tracing). Otherwise channels
 carry no interceptor.
 """
 
@@ -143,12 +143,11 @@ class Connection:
         else:
             credentials = self.tls.channel_credentials()
             channel = grpc.secure_channel(self.address, credentials, options=options)
-        interceptors = tracing.client_interceptors(aio=False)
-        return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
+        return tracing.traced_channel(channel)  # type: ignore[no-any-return]
 
     def aio_channel(self, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
         options = [*(options or []), *(self.tls.channel_options() if self.tls else [])]
-        interceptors = tracing.client_interceptors(aio=True) or None
+        interceptors = tracing.aio_client_interceptors() or None
         if self.tls is None:
             return grpc.aio.insecure_channel(
                 self.address, options=options, interceptors=interceptors

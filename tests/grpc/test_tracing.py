@@ -1,0 +1,424 @@
+"""OpenTelemetry tracing of a real in-process daemon, spans caught by the SDK's in-memory exporter.
+
+The server is given its own TracerProvider (start_server(tracer_provider=...)),
+so nothing here touches the process-wide OpenTelemetry globals; what needs
+them (an application's provider that the SDK picks up, a daemon without the
+otel packages) runs in a subprocess.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
+from opentelemetry.trace import SpanKind, format_trace_id
+
+from stratad import tracing
+from stratad.api.v1 import session_pb2
+from stratad.config import Config
+from stratad.server.app import start_server
+from stratad.server.auth import token_digest
+from stratad.server.logging_setup import JsonFormatter, RequestIdFilter
+from stratad.server.registry import SERVICES
+
+if TYPE_CHECKING:
+    from conftest import Api
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SAVE_STATE = "/stratad.api.v1.CheckpointService/SaveState"
+LOAD_STATE = "/stratad.api.v1.CheckpointService/LoadState"
+AGENT_TOKEN = "tracing-agent-token"
+
+
+class Spans:
+    """The spans a traced daemon finished, looked up the way the tests need them."""
+
+    def __init__(self, exporter: InMemorySpanExporter) -> None:
+        self.exporter = exporter
+
+    def named(self, name: str, timeout: float = 5.0) -> list[ReadableSpan]:
+        """The finished spans called ``name``; waits for at least one (a server span
+        ends as its response is sent, maybe just after the client saw it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [s for s in self.exporter.get_finished_spans() if s.name == name]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.02)
+
+    def one(self, name: str) -> ReadableSpan:
+        found = self.named(name)
+        assert len(found) == 1, f"{len(found)} spans named {name!r}: {self.names()}"
+        return found[0]
+
+    def children(self, parent: ReadableSpan, name: str) -> list[ReadableSpan]:
+        parent_id = parent.context.span_id
+        return [
+            s for s in self.named(name) if s.parent is not None and s.parent.span_id == parent_id
+        ]
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.exporter.get_finished_spans()]
+
+
+@pytest.fixture
+def spans() -> Spans:
+    return Spans(InMemorySpanExporter())
+
+
+@pytest.fixture
+def traced_api(start_api: Callable[..., Api], spans: Spans) -> Iterator[Callable[..., Api]]:
+    """``traced_api(**config)``: an Api on a daemon tracing into ``spans``."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans.exporter))
+
+    def start(**config: Any) -> Api:
+        api = start_api(**config)
+        inprocess = api.server
+
+        async def restart_traced() -> None:
+            # start_api started it untraced: serve the same resources again, traced,
+            # on a new port (stop() told the resources the daemon was stopping).
+            await inprocess.server.stop(0)
+            inprocess.resources.stopping.clear()
+            inprocess.server = await start_server(
+                inprocess.resources, SERVICES, tracer_provider=provider
+            )
+
+        inprocess.run(restart_traced())
+        api.channel.close()
+        return type(api)(
+            inprocess.target, grpc.insecure_channel(inprocess.target), server=inprocess
+        )
+
+    yield start
+    provider.shutdown()
+
+
+def test_save_state_is_a_server_span_with_journal_children(
+    traced_api: Callable[..., Api], spans: Spans
+) -> None:
+    api = traced_api()
+    api.create("s1")
+    api.save("s1", b'{"step": 1}')
+
+    server = spans.one(SAVE_STATE)
+    assert server.kind == SpanKind.SERVER
+    attributes = dict(server.attributes or {})
+    assert attributes["rpc.system"] == "grpc"
+    assert attributes["rpc.service"] == "stratad.api.v1.CheckpointService"
+    assert attributes["rpc.method"] == "SaveState"
+    assert attributes["rpc.grpc.status_code"] == grpc.StatusCode.OK.value[0]
+    assert attributes[tracing.SESSION_ATTRIBUTE] == "s1"
+    assert tracing.REASON_ATTRIBUTE not in attributes
+    # With auth off the tenant is only what the caller claimed: not on the span.
+    assert tracing.TENANT_ATTRIBUTE not in attributes
+
+    (append,) = spans.children(server, "stratad.journal.append")
+    assert dict(append.attributes or {})["stratad.bytes"] > 0
+    (commit,) = spans.children(server, "stratad.journal.commit")
+    (fsync,) = spans.children(commit, "stratad.journal.fsync")
+    batch = dict(fsync.attributes or {})
+    assert batch["stratad.batch.calls"] == 1
+    assert batch["stratad.batch.journals"] == 1
+    assert [link.context.span_id for link in fsync.links] == [commit.context.span_id]
+    assert spans.children(server, "stratad.objects.commit")
+    # All of it inside the call.
+    for child in (append, commit, fsync):
+        assert child.context.trace_id == server.context.trace_id
+        assert server.start_time <= child.start_time <= child.end_time <= server.end_time
+
+
+def test_a_failed_call_records_its_status_and_reason(
+    traced_api: Callable[..., Api], spans: Spans
+) -> None:
+    api = traced_api()
+    with pytest.raises(grpc.RpcError) as excinfo:
+        api.load("nobody")
+    status = rpc_status.from_call(excinfo.value)  # type: ignore[arg-type]
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    status.details[0].Unpack(info)
+
+    span = spans.one(LOAD_STATE)
+    attributes = dict(span.attributes or {})
+    assert attributes["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert info.reason  # e.g. SESSION_NOT_FOUND
+    assert attributes[tracing.REASON_ATTRIBUTE] == info.reason
+
+
+def test_a_malformed_request_records_its_reason(
+    traced_api: Callable[..., Api], spans: Spans
+) -> None:
+    api = traced_api()
+    save = api.channel.unary_unary(SAVE_STATE)  # raw bytes, not a message
+    with pytest.raises(grpc.RpcError) as excinfo:
+        save(b"\xff\xff\xff", timeout=10)
+    assert excinfo.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    attributes = dict(spans.one(SAVE_STATE).attributes or {})
+    assert attributes[tracing.REASON_ATTRIBUTE] == "MALFORMED_REQUEST"
+    assert attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+def test_the_tenant_settled_by_auth_is_a_span_attribute(
+    traced_api: Callable[..., Api], spans: Spans, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        f'[tokens]\n"{token_digest(AGENT_TOKEN)}" = {{ tenant = "acme", role = "agent" }}\n'
+    )
+    api = traced_api(auth="token", auth_tokens_file=str(tokens))
+    metadata = (("authorization", f"Bearer {AGENT_TOKEN}"),)
+    request = session_pb2.CreateSessionRequest(session_id="s1")
+    api.sessions.CreateSession(request, timeout=10, metadata=metadata)
+
+    span = spans.one("/stratad.api.v1.SessionService/CreateSession")
+    assert dict(span.attributes or {})[tracing.TENANT_ATTRIBUTE] == "acme"
+
+
+def test_gc_and_verify_are_spans_inside_their_call(
+    traced_api: Callable[..., Api], spans: Spans
+) -> None:
+    from stratad.api.v1 import admin_pb2
+
+    api = traced_api()
+    api.create("s1")
+    api.save("s1", b"x" * 10_000)
+    api.call(api.admin.CollectGarbage, admin_pb2.CollectGarbageRequest())
+    api.call(api.admin.Verify, admin_pb2.VerifyRequest())
+
+    (gc,) = spans.children(spans.one("/stratad.api.v1.AdminService/CollectGarbage"), "stratad.gc")
+    assert dict(gc.attributes or {})["stratad.gc.objects_removed"] == 0
+    (verify,) = spans.children(spans.one("/stratad.api.v1.AdminService/Verify"), "stratad.verify")
+    verified = dict(verify.attributes or {})
+    assert verified["stratad.verify.objects_checked"] >= 1
+    assert verified["stratad.verify.corrupt"] == 0
+
+
+def test_log_lines_of_a_call_carry_its_trace_id(
+    traced_api: Callable[..., Api], spans: Spans
+) -> None:
+    api = traced_api()
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(RequestIdFilter())
+    requests_log = logging.getLogger("stratad.requests")
+    previous_level = requests_log.level
+    requests_log.addHandler(handler)
+    requests_log.setLevel(logging.DEBUG)  # one line per call, at debug
+    try:
+        api.create("s1")
+        api.save("s1", b'{"step": 1}')
+        server = spans.one(SAVE_STATE)
+    finally:
+        requests_log.removeHandler(handler)
+        requests_log.setLevel(previous_level)
+
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    (save_line,) = [line for line in lines if line.get("method") == SAVE_STATE]
+    assert save_line["trace_id"] == format_trace_id(server.context.trace_id)
+    assert len(save_line["span_id"]) == 16
+    assert all("trace_id" in line for line in lines)
+
+
+def test_no_trace_ids_in_logs_when_tracing_is_off(start_api: Callable[..., Api]) -> None:
+    api = start_api()
+    record = logging.makeLogRecord({"msg": "hello"})
+    assert not tracing.active()
+    api.create("s1")
+    RequestIdFilter().filter(record)
+    assert not hasattr(record, "trace_id")
+
+
+def _run_python(script: str, tmp_path: Path, env: dict[str, str] | None = None) -> str:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("STRATAD_", "OTEL_"))}
+    environment["PYTHONPATH"] = str(REPO_ROOT / "python")
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(script))
+    result = subprocess.run(
+        [sys.executable, str(path)],
+        env={**environment, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+#: A daemon in this process (start_server) and SDK calls to it, sync and async.
+DAEMON_AND_SDK = """
+    import asyncio, json, sys
+    from pathlib import Path
+
+    import stratad
+    from stratad.config import Config
+    from stratad.server.app import start_server
+    from stratad.server.registry import open_resources
+
+    async def main(tracing, data_dir):
+        config = Config(listen="127.0.0.1:0", data_dir=Path(data_dir), metrics_listen="",
+                        tracing=tracing)
+        async with open_resources(config) as resources:
+            server = await start_server(resources)
+            try:
+                async with stratad.AsyncClient(server.address) as client:
+                    await client.create_session("s1")
+                    await client.save_state("s1", b"{}")
+
+                def sync_calls():
+                    with stratad.Client(server.address) as client:
+                        client.save_state("s1", b"{}")
+
+                await asyncio.to_thread(sync_calls)
+            finally:
+                await server.stop(0)
+
+    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "{tracing}", "{data_dir}"))
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
+    print(json.dumps(loaded))
+"""
+
+
+@pytest.mark.parametrize("mode", ["off", "console"])
+def test_tracing_off_imports_no_opentelemetry(mode: str, tmp_path: Path) -> None:
+    script = DAEMON_AND_SDK.replace("{tracing}", mode).replace("{data_dir}", str(tmp_path / "d"))
+    out = _run_python(script, tmp_path)
+    loaded = json.loads(out.strip().splitlines()[-1])
+    if mode == "off":
+        assert loaded == []
+    else:  # the check above can fail: tracing on does import it
+        assert "opentelemetry.sdk.trace" in loaded
+
+
+def test_sdk_client_spans_share_the_trace_of_the_server_spans(tmp_path: Path) -> None:
+    """An application that set a tracer provider: its SDK calls are CLIENT spans whose
+    traceparent the daemon continues, inside the application's own span."""
+    script = """
+        import asyncio, json
+        from pathlib import Path
+
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        import stratad
+        from stratad.config import Config
+        from stratad.server.app import start_server
+        from stratad.server.registry import open_resources
+
+        exporter = InMemorySpanExporter()
+        app_provider = TracerProvider()
+        app_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(app_provider)
+        tracer = trace.get_tracer("agent")
+
+        async def main():
+            config = Config(listen="127.0.0.1:0", data_dir=Path("{data_dir}"), metrics_listen="")
+            async with open_resources(config) as resources:
+                # The daemon's own provider (as `stratad serve` would have), same exporter.
+                server = await start_server(resources, tracer_provider=app_provider)
+                try:
+                    with tracer.start_as_current_span("agent step (async)"):
+                        async with stratad.AsyncClient(server.address) as client:
+                            await client.create_session("s1")
+
+                    def sync_call():
+                        with tracer.start_as_current_span("agent step (sync)"):
+                            with stratad.Client(server.address) as client:
+                                client.save_state("s1", b"{}")
+
+                    await asyncio.to_thread(sync_call)
+                finally:
+                    await server.stop(0)
+
+        asyncio.run(main())
+        print(json.dumps([
+            {"name": s.name, "kind": s.kind.name, "trace": s.context.trace_id,
+             "id": s.context.span_id, "parent": s.parent.span_id if s.parent else None}
+            for s in exporter.get_finished_spans()
+        ]))
+    """.replace("{data_dir}", str(tmp_path / "d"))
+    spans = json.loads(_run_python(script, tmp_path).strip().splitlines()[-1])
+    by_id = {s["id"]: s for s in spans}
+    for step, method in [
+        ("agent step (async)", "/stratad.api.v1.SessionService/CreateSession"),
+        ("agent step (sync)", SAVE_STATE),
+    ]:
+        (server,) = [s for s in spans if s["name"] == method and s["kind"] == "SERVER"]
+        client = by_id[server["parent"]]
+        assert client["kind"] == "CLIENT"
+        assert client["name"] == method
+        agent = by_id[client["parent"]]
+        assert agent["name"] == step
+        assert agent["trace"] == client["trace"] == server["trace"]
+
+
+def test_config_tracing_keys_are_validated() -> None:
+    from stratad.config import ConfigError, load_config
+
+    config = load_config(
+        {"tracing": "OTLP", "otlp_endpoint": "http://collector:4317"},
+        {"STRATAD_TRACE_SAMPLE_RATIO": "0.25", "STRATAD_OTLP_INSECURE": "true"},
+    )
+    assert (config.tracing, config.otlp_endpoint) == ("otlp", "http://collector:4317")
+    assert (config.trace_sample_ratio, config.otlp_insecure) == (0.25, True)
+    assert Config(otlp_endpoint="collector:4317").otlp_endpoint == "collector:4317"
+    for bad in (
+        {"tracing": "jaeger"},
+        {"trace_sample_ratio": "1.5"},
+        {"otlp_endpoint": "grpc://collector:4317"},
+        {"otlp_endpoint": "http://collector"},
+    ):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            load_config(bad, {})
+
+
+def test_tracing_on_without_the_extra_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from stratad.config import ConfigError
+
+    real_find_spec = importlib.util.find_spec
+
+    def without_exporter(name: str, *args: Any) -> Any:
+        if name.startswith("opentelemetry.exporter"):
+            return None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_exporter)
+    with pytest.raises(ConfigError, match=r"stratad\[otel\]"):
+        tracing.provider_from_config(Config(tracing="otlp"))
+
+
+def test_sample_ratio_zero_records_nothing_started_here(tmp_path: Path) -> None:
+    provider = tracing.provider_from_config(Config(tracing="console", trace_sample_ratio=0))
+    assert provider is not None
+    try:
+        span = provider.get_tracer("t").start_span("x")
+        assert not span.is_recording()
+    finally:
+        provider.shutdown()
