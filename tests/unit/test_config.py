@@ -78,6 +78,11 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "auth": "token_or_mtls",
         "auth_tokens_file": "/etc/stratad/auth/tokens.toml",
         "reflection": "false",
+        "tracing": "console",
+        "otlp_endpoint": "https://collector:4317",
+        "otlp_insecure": "true",
+        "trace_sample_ratio": "0.5",
+        "trace_service_name": "agents",
     }
     assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
     if layer == "file":
@@ -120,6 +125,11 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         auth="token_or_mtls",
         auth_tokens_file="/etc/stratad/auth/tokens.toml",
         reflection=False,
+        tracing="console",
+        otlp_endpoint="https://collector:4317",
+        otlp_insecure=True,
+        trace_sample_ratio=0.5,
+        trace_service_name="agents",
     )
 
 
