@@ -55,6 +55,13 @@ TENANT_ATTRIBUTE: Final = "stratad.tenant"
 SESSION_ATTRIBUTE: Final = "stratad.session_id"
 REQUEST_ID_ATTRIBUTE: Final = "stratad.request_id"
 
+#: Services whose calls get no SERVER span: health checks and server reflection.
+UNTRACED_SERVICES: Final = (
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "grpc.reflection.v1.ServerReflection",
+)
+
 _NO_SPAN: Final[AbstractContextManager[None]] = contextlib.nullcontext()
 
 #: The daemon's tracer while tracing is installed; None = off (every hook is a no-op).
@@ -224,12 +231,18 @@ def install(provider: TracerProvider) -> Any:
     in the same process shares it. Undo with `uninstall`.
     """
     global _tracer
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
     from stratad import __version__
 
     _tracer = provider.get_tracer(INSTRUMENTATION_NAME, __version__)
-    return aio_server_interceptor(tracer_provider=provider)  # type: ignore[no-untyped-call]
+    # Probes call Health every few seconds: a trace each would drown the real ones.
+    untraced = filters.any_of(
+        *(filters.service_name(name) for name in UNTRACED_SERVICES)  # type: ignore[no-untyped-call]
+    )
+    return aio_server_interceptor(  # type: ignore[no-untyped-call]
+        tracer_provider=provider, filter_=filters.negate(untraced)
+    )
 
 
 def uninstall() -> None:

@@ -150,6 +150,17 @@ def test_save_state_is_a_server_span_with_journal_children(
         assert server.start_time <= child.start_time <= child.end_time <= server.end_time
 
 
+def test_health_checks_are_not_traced(traced_api: Callable[..., Api], spans: Spans) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    api = traced_api()
+    health = health_pb2_grpc.HealthStub(api.channel)
+    health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+    api.create("s1")  # traced, and finished after the health check
+    spans.one("/stratad.api.v1.SessionService/CreateSession")
+    assert not [name for name in spans.names() if "Health" in name]
+
+
 def test_a_failed_call_records_its_status_and_reason(
     traced_api: Callable[..., Api], spans: Spans
 ) -> None:
