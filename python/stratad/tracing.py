@@ -9,9 +9,9 @@ request without the daemon depending on OpenTelemetry or paying for it.
 
 What the daemon traces:
 
-- a SERVER span per gRPC call (opentelemetry-instrumentation-grpc's aio
-  server interceptor, installed before every other interceptor so that it
-  covers the whole call), continuing the caller's W3C ``traceparent``;
+- a SERVER span per gRPC call (stratad.server.tracing, installed before
+  every other interceptor so that it covers the whole call), continuing the
+  caller's W3C ``traceparent``;
   stratad adds the ErrorInfo reason of a failed call, the session and request
   ID, and the tenant once authentication settled it;
 - spans around the work a call does: journal appends, the wait for the
@@ -49,7 +49,7 @@ DEFAULT_OTLP_ENDPOINT: Final = "http://127.0.0.1:4317"
 DEFAULT_SERVICE_NAME: Final = "stratad"
 EXTRA_HINT: Final = "install the otel extra: pip install 'stratad[otel]'"
 
-#: Span attributes stratad sets (beyond the rpc.* ones of the gRPC instrumentation).
+#: Span attributes stratad sets on the SERVER span besides the rpc.* ones.
 REASON_ATTRIBUTE: Final = "stratad.error.reason"
 TENANT_ATTRIBUTE: Final = "stratad.tenant"
 SESSION_ATTRIBUTE: Final = "stratad.session_id"
@@ -210,7 +210,7 @@ def _otlp_exporter(config: Config) -> Any:
 def _require_extra(mode: str) -> None:
     import importlib.util
 
-    needed: tuple[str, ...] = ("opentelemetry.sdk", "opentelemetry.instrumentation.grpc")
+    needed: tuple[str, ...] = ("opentelemetry.sdk",)
     if mode == "otlp":
         needed += ("opentelemetry.exporter.otlp.proto.grpc",)
     for module in needed:
@@ -231,18 +231,12 @@ def install(provider: TracerProvider) -> Any:
     in the same process shares it. Undo with `uninstall`.
     """
     global _tracer
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
-
     from stratad import __version__
+    from stratad.server.tracing import TracingInterceptor
 
     _tracer = provider.get_tracer(INSTRUMENTATION_NAME, __version__)
     # Probes call Health every few seconds: a trace each would drown the real ones.
-    untraced = filters.any_of(
-        *(filters.service_name(name) for name in UNTRACED_SERVICES)  # type: ignore[no-untyped-call]
-    )
-    return aio_server_interceptor(  # type: ignore[no-untyped-call]
-        tracer_provider=provider, filter_=filters.negate(untraced)
-    )
+    return TracingInterceptor(_tracer, UNTRACED_SERVICES)
 
 
 def uninstall() -> None:

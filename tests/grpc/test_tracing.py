@@ -150,6 +150,40 @@ def test_save_state_is_a_server_span_with_journal_children(
         assert server.start_time <= child.start_time <= child.end_time <= server.end_time
 
 
+def test_streams_and_chunked_uploads_work_traced(
+    traced_api: Callable[..., Api], spans: Spans, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every kind of handler under the tracing interceptor: bidi stream, server stream,
+    a chunked upload (FindMissingChunks + SaveState), each with its SERVER span."""
+    import stratad
+    from stratad.sdk.client import save_request
+
+    api = traced_api()
+    big = bytes(range(256)) * 256  # 64 KiB: the SDK uploads it in chunks
+    with stratad.Client(api.target) as client:
+        client.create_session("s1")
+        answers = list(client.save_states(save_request("s1", f"{i}".encode()) for i in range(3)))
+        assert len(answers) == 3
+        client.save_state("s1", big)
+        client.save_state("s1", big + b"more")
+        assert client.load_state("s1").data == big + b"more"
+        events = client.watch_session("s1", from_version=1)
+        assert next(events) is not None
+        events.close()
+
+    (stream,) = spans.named("/stratad.api.v1.CheckpointService/SaveStates")
+    assert dict(stream.attributes or {})["rpc.grpc.status_code"] == 0
+    assert len(spans.children(stream, "stratad.journal.append")) == 3
+    assert len(spans.named(SAVE_STATE)) == 2
+    (watch,) = spans.named("/stratad.api.v1.SessionService/WatchSession")
+    # Closed by the client: CANCELLED, although no abort() ever said so, and the
+    # span ended cleanly although grpc.aio closed the stream from another task.
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert (
+        dict(watch.attributes or {})["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    )
+
+
 def test_health_checks_are_not_traced(traced_api: Callable[..., Api], spans: Spans) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
