@@ -30,7 +30,7 @@ import contextvars
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -245,16 +245,6 @@ def uninstall() -> None:
     _tracer = None
 
 
-@contextlib.contextmanager
-def installed(provider: TracerProvider) -> Iterator[Any]:
-    """`install` for the duration of a block (yields the server interceptor)."""
-    interceptor = install(provider)
-    try:
-        yield interceptor
-    finally:
-        uninstall()
-
-
 # --- the SDK: client spans when the application traces ----------------------------------
 
 
@@ -317,7 +307,6 @@ __all__ = [
     "current_span_context",
     "in_current_context",
     "install",
-    "installed",
     "provider_from_config",
     "span",
     "traced_channel",

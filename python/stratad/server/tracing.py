@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextvars import Token
 from typing import Any
 
 import grpc
@@ -122,11 +121,12 @@ def _details(context: Any) -> str:
     return details.decode(errors="replace") if isinstance(details, bytes) else str(details or "")
 
 
-def _detach(token: Token[otel_context.Context], attached: otel_context.Context) -> None:
-    # grpc.aio may close a stream's generator from another task: the token then
-    # belongs to a context that is being discarded, and resetting it would fail.
-    if otel_context.get_current() is attached:
-        otel_context.detach(token)
+def _restore(previous: otel_context.Context) -> None:
+    """Make ``previous`` current again: what detaching the call's token does, except that
+    it cannot fail. grpc.aio may close a stream's generator from another task, in a copy
+    of the context where the token was made; resetting the token there raises (and
+    OpenTelemetry logs it at ERROR). Setting the value works in any context."""
+    otel_context.attach(previous)
 
 
 def _traced_handler(handler: Any, call: _Call) -> Any:
@@ -149,7 +149,8 @@ def _traced(behavior: Behavior, call: _Call) -> Behavior:
 
         async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
             span, attached = call.start(context)
-            token = otel_context.attach(attached)
+            previous = otel_context.get_current()
+            otel_context.attach(attached)
             failure: BaseException | None = None
             try:
                 async for response in behavior(request, context):
@@ -159,7 +160,7 @@ def _traced(behavior: Behavior, call: _Call) -> Behavior:
                 raise
             finally:
                 finish(span, context, failure)
-                _detach(token, attached)
+                _restore(previous)
 
         return stream
 
@@ -167,7 +168,8 @@ def _traced(behavior: Behavior, call: _Call) -> Behavior:
 
         async def unary(request: Any, context: Any) -> Any:
             span, attached = call.start(context)
-            token = otel_context.attach(attached)
+            previous = otel_context.get_current()
+            otel_context.attach(attached)
             failure: BaseException | None = None
             try:
                 return await behavior(request, context)
@@ -176,7 +178,7 @@ def _traced(behavior: Behavior, call: _Call) -> Behavior:
                 raise
             finally:
                 finish(span, context, failure)
-                _detach(token, attached)
+                _restore(previous)
 
         return unary
 
