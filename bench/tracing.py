@@ -13,7 +13,9 @@ The spans go to an OTLP/gRPC receiver in this process (the collector's
 TraceService, counting what arrives), so exporting is real work on the same
 2 cores. One client saves a 3 KB state (different each time) sequentially;
 rounds alternate between the daemons and the table reports, per daemon, the
-median and p99 of every call and the overhead of the median over ``off``.
+median and p99 of every call, the overhead of the median over ``off``, and
+the daemon's CPU time per call (all its threads, the span exporter's
+included: the figure that does not depend on what else the machine runs).
 
 Usage: python bench/tracing.py [--quick] [--calls N] [--rounds R]
 (needs the otel extra: pip install -e '.[otel]').
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import tempfile
 import threading
@@ -87,11 +90,17 @@ def save_round(client: stratad.Client, session: str, start: int, calls: int) -> 
     return seconds
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few calls, for a smoke run")
-    parser.add_argument("--calls", type=int, default=500, help="calls per round and daemon")
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--calls", type=int, default=100, help="calls per round and daemon")
+    parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     calls, rounds = (50, 2) if args.quick else (args.calls, args.rounds)
 
@@ -106,30 +115,49 @@ def main() -> None:
             ],
         }
         with contextlib.ExitStack() as stack:
-            clients = {}
+            clients, pids = {}, {}
             for n, (mode, extra) in enumerate(modes.items()):
-                address, _ = stack.enter_context(daemon_process(Path(tmp) / f"d{n}", *extra))
+                address, proc = stack.enter_context(daemon_process(Path(tmp) / f"d{n}", *extra))
                 client = stack.enter_context(stratad.Client(address))
                 client.create_session("bench")
                 save_round(client, "bench", 0, 20)  # warm up: channel, code paths
-                clients[mode] = client
+                clients[mode], pids[mode] = client, proc.pid
             results: dict[str, list[float]] = {mode: [] for mode in modes}
+            cpu = dict.fromkeys(modes, 0.0)
             for r in range(rounds):
                 for mode, client in clients.items():
+                    before = cpu_seconds(pids[mode])
                     results[mode] += save_round(client, "bench", 20 + r * calls, calls)
+                    # Includes the export thread's work for spans of this round
+                    # still batched when it ends: attributed to the next round.
+                    cpu[mode] += cpu_seconds(pids[mode]) - before
         exported = collector.spans  # the daemons flushed their batches as they stopped
 
     base = median(results["off"])
+    base_cpu = cpu["off"] / len(results["off"])
     rows = []
     for mode, seconds in results.items():
         mid = median(seconds)
+        per_call_cpu = cpu[mode] / len(seconds)
         overhead = "" if mode == "off" else f"{(mid - base) * 1e6:+.0f} µs ({mid / base - 1:+.0%})"
-        rows.append([mode, fmt_time(mid), fmt_time(percentile(seconds, 99)), overhead])
+        cpu_overhead = "" if mode == "off" else f"{(per_call_cpu - base_cpu) * 1e6:+.0f} µs"
+        rows.append(
+            [
+                mode,
+                fmt_time(mid),
+                fmt_time(percentile(seconds, 99)),
+                overhead,
+                fmt_time(per_call_cpu),
+                cpu_overhead,
+            ]
+        )
     print(
         f"{machine_facts()}; {rounds} rounds x {calls} sequential SaveState of "
         f"{STATE_BYTES} B per daemon, durability fsync"
     )
-    print(markdown_table(["tracing", "median per call", "p99", "median overhead"], rows))
+    headers = ["tracing", "median per call", "p99", "median overhead", "daemon CPU per call"]
+    print(markdown_table([*headers, "CPU overhead"], rows))
+    print(f"load average after the run: {os.getloadavg()[0]:.1f}")
     print(f"spans exported to the receiver: {exported}")
 
 

@@ -83,9 +83,22 @@ def span(name: str, attributes: Attributes | None = None) -> AbstractContextMana
     status ERROR.
     """
     tracer = _tracer
-    if tracer is None:
+    if tracer is None or _in_unsampled_trace():
         return _NO_SPAN
     return tracer.start_as_current_span(name, attributes=attributes)
+
+
+def _in_unsampled_trace() -> bool:
+    """Whether the current span belongs to a trace the sampler dropped.
+
+    Its children would be dropped too (sampling is parent-based): skip making
+    them. Without a current span (background work) a span is a new trace,
+    which the sampler decides on.
+    """
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    return context.is_valid and not context.trace_flags.sampled
 
 
 def annotate(attributes: Attributes) -> None:
@@ -100,13 +113,14 @@ def annotate(attributes: Attributes) -> None:
 
 
 def current_span_context() -> SpanContext | None:
-    """The current span's context, to link or parent work done elsewhere; None when off."""
+    """The current span's context, to link or parent work done elsewhere; None when off
+    or when the current trace is not sampled."""
     if _tracer is None:
         return None
     from opentelemetry import trace
 
     context = trace.get_current_span().get_span_context()
-    return context if context.is_valid else None
+    return context if context.is_valid and context.trace_flags.sampled else None
 
 
 def batch_span(

@@ -32,10 +32,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, format_trace_id
 
 from stratad import tracing
-from stratad.api.v1 import session_pb2
+from stratad.api.v1 import checkpoint_pb2, session_pb2
 from stratad.config import Config
 from stratad.server.app import start_server
 from stratad.server.auth import token_digest
@@ -89,11 +90,14 @@ def spans() -> Spans:
 
 @pytest.fixture
 def traced_api(start_api: Callable[..., Api], spans: Spans) -> Iterator[Callable[..., Api]]:
-    """``traced_api(**config)``: an Api on a daemon tracing into ``spans``."""
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans.exporter))
+    """``traced_api(sample_ratio=1.0, **config)``: an Api on a daemon tracing into ``spans``
+    (parent-based sampling, ``sample_ratio`` for traces that start at the daemon)."""
+    providers: list[TracerProvider] = []
 
-    def start(**config: Any) -> Api:
+    def start(sample_ratio: float = 1.0, **config: Any) -> Api:
+        provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+        provider.add_span_processor(SimpleSpanProcessor(spans.exporter))
+        providers.append(provider)
         api = start_api(**config)
         inprocess = api.server
 
@@ -113,7 +117,8 @@ def traced_api(start_api: Callable[..., Api], spans: Spans) -> Iterator[Callable
         )
 
     yield start
-    provider.shutdown()
+    for provider in providers:
+        provider.shutdown()
 
 
 def test_save_state_is_a_server_span_with_journal_children(
@@ -182,6 +187,26 @@ def test_streams_and_chunked_uploads_work_traced(
     assert (
         dict(watch.attributes or {})["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
     )
+
+
+def test_unsampled_calls_make_no_spans_and_a_sampled_caller_is_followed(
+    traced_api: Callable[..., Api], spans: Spans
+) -> None:
+    api = traced_api(sample_ratio=0.0)
+    api.create("s1")
+    api.save("s1", b"{}")  # no traceparent: a trace of the daemon's, never sampled
+    trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    traceparent = (("traceparent", f"00-{trace_id}-{parent_id}-01"),)  # 01: sampled
+    request = checkpoint_pb2.SaveStateRequest(session_id="s1", data=b"{}")
+    api.checkpoints.SaveState(request, timeout=10, metadata=traceparent)
+
+    (save,) = spans.named(SAVE_STATE)  # only the call the caller sampled
+    assert format_trace_id(save.context.trace_id) == trace_id
+    assert save.parent is not None and f"{save.parent.span_id:016x}" == parent_id
+    assert spans.children(save, "stratad.journal.append")
+    assert {s.context.trace_id for s in spans.exporter.get_finished_spans()} == {
+        save.context.trace_id
+    }
 
 
 def test_health_checks_are_not_traced(traced_api: Callable[..., Api], spans: Spans) -> None:
