@@ -286,6 +286,23 @@ def test_gc_and_verify_are_spans_inside_their_call(
     assert verified["stratad.verify.corrupt"] == 0
 
 
+def test_sync_replication_is_part_of_the_save_trace(
+    traced_api: Callable[..., Api], spans: Spans
+) -> None:
+    # obstore's in-memory object store: conditional writes like S3's.
+    api = traced_api(replication="sync", remote_url="memory:///", node_id="node-1")
+    api.create("s1")
+    api.save("s1", b"y" * 20_000)
+
+    save = spans.one(SAVE_STATE)
+    (ship,) = spans.children(save, "stratad.replication.ship")
+    shipped = dict(ship.attributes or {})
+    assert shipped["stratad.session_id"] == "s1"
+    assert shipped["stratad.bytes"] > 0
+    (upload,) = spans.children(ship, "stratad.replication.upload_pack")
+    assert dict(upload.attributes or {})["stratad.objects"] >= 1
+
+
 def test_log_lines_of_a_call_carry_its_trace_id(
     traced_api: Callable[..., Api], spans: Spans
 ) -> None:
