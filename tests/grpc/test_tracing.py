@@ -220,6 +220,21 @@ def test_health_checks_are_not_traced(traced_api: Callable[..., Api], spans: Spa
     assert not [name for name in spans.names() if "Health" in name]
 
 
+def test_a_large_save_on_the_worker_pool_is_traced_the_same(
+    traced_api: Callable[..., Api], spans: Spans
+) -> None:
+    """A save too large for the event loop runs on a worker thread and syncs there."""
+    api = traced_api()
+    api.create("s1")
+    api.save("s1", bytes(range(256)) * 1024)  # 256 KiB: over the inline limit
+
+    server = spans.one(SAVE_STATE)
+    assert spans.children(server, "stratad.objects.commit")
+    assert spans.children(server, "stratad.journal.append")
+    (fsync,) = spans.children(server, "stratad.journal.fsync")
+    assert dict(fsync.attributes or {})["stratad.batch.journals"] == 1
+
+
 def test_a_failed_call_records_its_status_and_reason(
     traced_api: Callable[..., Api], spans: Spans
 ) -> None:
