@@ -11,9 +11,8 @@ What the daemon traces:
 
 - a SERVER span per gRPC call (stratad.server.tracing, installed before
   every other interceptor so that it covers the whole call), continuing the
-  caller's W3C ``traceparent``;
-  stratad adds the ErrorInfo reason of a failed call, the session and request
-  ID, and the tenant once authentication settled it;
+  caller's W3C ``traceparent``, with the ErrorInfo reason of a failed call,
+  the session and request ID, and the tenant once authentication settled it;
 - spans around the work a call does: journal appends, the wait for the
   group commit, object writes, GC, Verify, replication uploads; the group
   commit's one fsync per batch is a span of its own, child of the first
