@@ -27,8 +27,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -39,6 +41,8 @@ if TYPE_CHECKING:  # only for annotations: importing these is what `install` doe
 
     from stratad.config import Config
 
+_log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 AttributeValue = str | bool | int | float
 Attributes = Mapping[str, AttributeValue]
@@ -46,6 +50,8 @@ Attributes = Mapping[str, AttributeValue]
 INSTRUMENTATION_NAME: Final = "stratad"
 DEFAULT_OTLP_ENDPOINT: Final = "http://127.0.0.1:4317"
 DEFAULT_SERVICE_NAME: Final = "stratad"
+#: How long a stopping daemon waits for its last spans to reach the collector.
+EXPORT_ON_STOP_SECONDS: Final = 2.0
 EXTRA_HINT: Final = "install the otel extra: pip install 'stratad[otel]'"
 
 #: Span attributes stratad sets on the SERVER span besides the rpc.* ones.
@@ -194,7 +200,8 @@ def provider_from_config(config: Config) -> TracerProvider | None:
     )
     resource = Resource.create({SERVICE_NAME: service, SERVICE_VERSION: __version__})
     sampler = ParentBased(TraceIdRatioBased(config.trace_sample_ratio))
-    provider = TracerProvider(resource=resource, sampler=sampler)
+    # Shut down by the server when it stops (`shutdown`), not at interpreter exit.
+    provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
     if config.tracing == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -250,6 +257,20 @@ def install(provider: TracerProvider) -> Any:
     _tracer = provider.get_tracer(INSTRUMENTATION_NAME, __version__)
     # Probes call Health every few seconds: a trace each would drown the real ones.
     return TracingInterceptor(_tracer, UNTRACED_SERVICES)
+
+
+def shutdown(provider: TracerProvider) -> None:
+    """Export the spans still batched and close the exporter, waiting at most
+    `EXPORT_ON_STOP_SECONDS`: with the collector down, the exporter would
+    retry for its whole timeout (10 s) and hold up the daemon's exit."""
+    worker = threading.Thread(target=provider.shutdown, name="stratad-trace-stop", daemon=True)
+    worker.start()
+    worker.join(EXPORT_ON_STOP_SECONDS)
+    if worker.is_alive():
+        _log.warning(
+            "spans of the last calls not exported within %gs (is the collector reachable?)",
+            EXPORT_ON_STOP_SECONDS,
+        )
 
 
 def uninstall() -> None:
@@ -321,6 +342,7 @@ __all__ = [
     "in_current_context",
     "install",
     "provider_from_config",
+    "shutdown",
     "span",
     "traced_channel",
     "uninstall",

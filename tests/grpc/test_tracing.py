@@ -522,6 +522,33 @@ def test_tracing_on_without_the_extra_is_a_config_error(monkeypatch: pytest.Monk
         tracing.provider_from_config(Config(tracing="otlp"))
 
 
+def test_stopping_does_not_wait_for_a_collector_that_does_not_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import threading
+
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    release = threading.Event()
+    exported: list[int] = []
+
+    class StuckExporter(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            release.wait(60)  # a collector that never answers (for this test's life)
+            exported.append(len(spans))
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(StuckExporter()))
+    provider.get_tracer("t").start_span("last call").end()
+    try:
+        tracing.shutdown(provider)  # returns although the export is stuck
+        assert exported == []
+        assert "not exported" in caplog.text
+    finally:
+        release.set()
+
+
 def test_sample_ratio_zero_records_nothing_started_here(tmp_path: Path) -> None:
     provider = tracing.provider_from_config(Config(tracing="console", trace_sample_ratio=0))
     assert provider is not None

@@ -138,8 +138,7 @@ def _stop_tracing(installed: bool, own_provider: Any) -> None:
     if installed:
         tracing.uninstall()
     if own_provider is not None:
-        # Exports the spans still batched (bounded by the exporter's timeout).
-        own_provider.shutdown()
+        tracing.shutdown(own_provider)  # exports the spans still batched
 
 
 async def _start(
