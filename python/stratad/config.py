@@ -26,12 +26,14 @@ LogFormat = Literal["text", "json"]
 Durability = Literal["fsync", "interval", "none"]
 Replication = Literal["off", "async", "sync"]
 AuthMode = Literal["off", "token", "mtls", "token_or_mtls"]
+TracingMode = Literal["off", "otlp", "console"]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS: Final = ("text", "json")
 DURABILITY_MODES: Final = ("fsync", "interval", "none")
 REPLICATION_MODES: Final = ("off", "async", "sync")
 AUTH_MODES: Final = ("off", "token", "mtls", "token_or_mtls")
+TRACING_MODES: Final = ("off", "otlp", "console")
 ENV_PREFIX: Final = "STRATAD_"
 CONFIG_FILE_ENV: Final = "STRATAD_CONFIG"
 MIB: Final = 1024 * 1024
@@ -81,6 +83,11 @@ class Config:
     session_idle_ttl: float = 0.0
     lifecycle_sweep_interval: float = 60.0
     gc_interval: float = 0.0
+    tracing: TracingMode = "off"
+    otlp_endpoint: str = ""
+    otlp_insecure: bool = False
+    trace_sample_ratio: float = 1.0
+    trace_service_name: str = ""
 
     def __post_init__(self) -> None:
         # Code (tests, embedders) may build a Config directly: hold it to the
@@ -221,6 +228,21 @@ def _parse_inspector_listen(raw: object) -> str:
     if value.startswith("unix:"):
         raise ValueError("the inspector is HTTP on TCP: expected HOST:PORT, or off")
     return _parse_listen(value)
+
+
+def _parse_otlp_endpoint(raw: object) -> str:
+    """An OTLP/gRPC collector: http(s)://HOST:PORT or HOST:PORT; "" = the OTEL_* variables."""
+    value = _parse_str(raw).strip()
+    if not value:
+        return ""
+    scheme, sep, rest = value.partition("://")
+    if sep and scheme not in ("http", "https"):
+        raise ValueError(f"expected http://HOST:PORT, https://HOST:PORT or HOST:PORT; got {raw!r}")
+    address = (rest if sep else value).rstrip("/")
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"expected http://HOST:PORT, https://HOST:PORT or HOST:PORT; got {raw!r}")
+    return value
 
 
 def _parse_remote_url(raw: object) -> str:
@@ -589,6 +611,41 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "CollectGarbage does; 0 or off = only when asked",
         "DURATION",
     ),
+    Option(
+        "tracing",
+        _choice(*TRACING_MODES),
+        "OpenTelemetry tracing (needs the otel extra): off, otlp (export to otlp_endpoint "
+        "over OTLP/gRPC) or console (spans as JSON on stdout)",
+        "MODE",
+    ),
+    Option(
+        "otlp_endpoint",
+        _parse_otlp_endpoint,
+        "OTLP/gRPC collector for tracing = otlp: http://HOST:PORT (plaintext), "
+        "https://HOST:PORT (TLS) or HOST:PORT; empty = OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
+        "else OTEL_EXPORTER_OTLP_ENDPOINT, else http://127.0.0.1:4317",
+        "URL",
+    ),
+    Option(
+        "otlp_insecure",
+        _parse_bool,
+        "plaintext to an otlp_endpoint given without a scheme (http:// is always plaintext, "
+        "https:// always TLS)",
+        "BOOL",
+    ),
+    Option(
+        "trace_sample_ratio",
+        _number(float, 0, 1),
+        "fraction of traces started here that are recorded (0 to 1); a call that comes "
+        "with a sampled traceparent is always recorded",
+        "RATIO",
+    ),
+    Option(
+        "trace_service_name",
+        _parse_str,
+        "service.name of the spans; empty = OTEL_SERVICE_NAME, else stratad",
+        "NAME",
+    ),
 )
 OPTIONS_BY_NAME: Final = {option.name: option for option in OPTIONS}
 
@@ -679,6 +736,7 @@ __all__ = [
     "LogLevel",
     "Option",
     "Replication",
+    "TracingMode",
     "is_loopback",
     "load_config",
 ]

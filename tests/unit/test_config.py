@@ -82,6 +82,11 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "session_idle_ttl": "3600",
         "lifecycle_sweep_interval": "30",
         "gc_interval": "600",
+        "tracing": "console",
+        "otlp_endpoint": "https://collector:4317",
+        "otlp_insecure": "true",
+        "trace_sample_ratio": "0.5",
+        "trace_service_name": "agents",
     }
     assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
     if layer == "file":
@@ -128,6 +133,11 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         session_idle_ttl=3600.0,
         lifecycle_sweep_interval=30.0,
         gc_interval=600.0,
+        tracing="console",
+        otlp_endpoint="https://collector:4317",
+        otlp_insecure=True,
+        trace_sample_ratio=0.5,
+        trace_service_name="agents",
     )
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from stratad import tracing
 from stratad.domain.models import Checkpoint
 from stratad.domain.sessions import LiveSession, SessionManager
 from stratad.errors import DataLossError
@@ -103,9 +104,16 @@ class Admin:
         """
         report = GcReport()
         started = time.monotonic()
-        for store in self._tenants(tenant):
-            self._collect_tenant(store, report)
-            self._collect_remote(store.name, report)
+        with tracing.span("stratad.gc", {"stratad.tenant": tenant or "*"}):
+            for store in self._tenants(tenant):
+                self._collect_tenant(store, report)
+                self._collect_remote(store.name, report)
+            tracing.annotate(
+                {
+                    "stratad.gc.objects_removed": report.objects_removed,
+                    "stratad.gc.bytes_freed": report.bytes_freed,
+                }
+            )
         report.seconds = time.monotonic() - started
         return report
 
@@ -164,6 +172,17 @@ class Admin:
 
     def verify(self, tenant: str = "") -> VerifyReport:
         """Re-hash every object; name the corrupt ones and the sessions they affect."""
+        with tracing.span("stratad.verify", {"stratad.tenant": tenant or "*"}):
+            report = self._verify(tenant)
+            tracing.annotate(
+                {
+                    "stratad.verify.objects_checked": report.objects_checked,
+                    "stratad.verify.corrupt": len(report.corrupt),
+                }
+            )
+        return report
+
+    def _verify(self, tenant: str) -> VerifyReport:
         report = VerifyReport()
         for store in self._tenants(tenant):
             bad: dict[str, CorruptObject] = {}

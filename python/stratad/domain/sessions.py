@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stratad import tracing
 from stratad.domain.events import EventHub, SessionEvent
 from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import SessionState, SessionStatus, apply
@@ -564,7 +565,8 @@ class SessionManager:
 
     def finish(self, commit: Commit) -> None:
         """Make a batch of mutations durable (one fsync per journal), then announce them."""
-        sync_all(commit)
+        with tracing.span("stratad.journal.fsync", {"stratad.batch.calls": 1}):
+            sync_all(commit)
         self.replicate(commit)
         self.announce(commit)
 

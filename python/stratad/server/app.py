@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 from asyncio import FIRST_COMPLETED
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -21,7 +21,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from stratad import __version__
+from stratad import __version__, tracing
 from stratad.config import Config
 from stratad.domain.lifecycle import Lifecycle
 from stratad.errors import UnavailableError
@@ -86,6 +86,7 @@ class StratadServer:
         self.inspector = inspector
         #: The idle-session sweep and scheduled GC (see domain/lifecycle.py).
         self.lifecycle = lifecycle
+        self._on_stop: list[Callable[[], None]] = []
 
     @property
     def metrics_address(self) -> str:
@@ -112,15 +113,57 @@ class StratadServer:
                 self.metrics.stop()
             if self.inspector is not None:
                 await self.inspector.stop()
+            for release in self._on_stop:
+                release()
+            self._on_stop.clear()
+
+    def on_stop(self, release: Callable[[], None]) -> None:
+        """Call ``release`` once the server has stopped (after the metrics endpoint)."""
+        self._on_stop.append(release)
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()
 
 
 async def start_server(
-    resources: Resources, services: Iterable[ServiceRegistration] = SERVICES
+    resources: Resources,
+    services: Iterable[ServiceRegistration] = SERVICES,
+    *,
+    tracer_provider: Any = None,
 ) -> StratadServer:
-    """Build the server, bind it, start it and report every service SERVING."""
+    """Build the server, bind it, start it and report every service SERVING.
+
+    Traces with ``tracer_provider`` (an OpenTelemetry SDK TracerProvider the
+    caller owns, e.g. a test's) if given, else with the one the config's
+    ``tracing`` asks for, which the server shuts down when it stops.
+    """
+    own_provider = (
+        tracing.provider_from_config(resources.config) if tracer_provider is None else None
+    )
+    provider = tracer_provider or own_provider
+    # Tracing before everything: the SERVER span covers the whole call, and
+    # everything after it logs and records errors with the span current.
+    traced = [tracing.install(provider)] if provider is not None else []
+    try:
+        server = await _start(resources, services, traced)
+    except BaseException:
+        _stop_tracing(bool(traced), own_provider)
+        raise
+    server.on_stop(lambda: _stop_tracing(bool(traced), own_provider))
+    return server
+
+
+def _stop_tracing(installed: bool, own_provider: Any) -> None:
+    if installed:
+        tracing.uninstall()
+    if own_provider is not None:
+        tracing.shutdown(own_provider)  # exports the spans still batched
+
+
+async def _start(
+    resources: Resources, services: Iterable[ServiceRegistration], first: list[Any]
+) -> StratadServer:
+    """`start_server` with ``first`` the interceptors to install before the others."""
     config = resources.config
     metrics = (
         Metrics(
@@ -139,6 +182,7 @@ async def start_server(
     server = grpc.aio.server(
         # Auth after errors: a refusal is an exception that becomes its status.
         interceptors=[
+            *first,
             *limits,
             RequestInterceptor(observers),
             ErrorInterceptor(),
@@ -322,13 +366,15 @@ async def serve(config: Config) -> int:
     async with open_resources(config) as resources:
         server = await start_server(resources)
         _log.info(
-            "stratad %s serving on %s (data dir %s, durability %s, metrics %s, inspector %s)",
+            "stratad %s serving on %s (data dir %s, durability %s, metrics %s, inspector %s, "
+            "tracing %s)",
             __version__,
             " and ".join(server.addresses),
             resources.data_dir.path,
             config.durability,
             f"http://{server.metrics_address}/metrics" if server.metrics_address else "off",
             f"http://{server.inspector_address}/" if server.inspector_address else "off",
+            config.tracing,
         )
         storage_failed = _storage_failure(resources)
         try:

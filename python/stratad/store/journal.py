@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stratad import tracing
 from stratad.errors import DataLossError, ResourceExhaustedError, StratadError
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import FILE_MODE, fsync_dir
@@ -256,7 +257,7 @@ class Journal:
         pieces = record.pieces()
         size = sum(len(piece) for piece in pieces)
         self._fail_stop.check_writable()
-        with self._append_lock:
+        with tracing.span("stratad.journal.append", {"stratad.bytes": size}), self._append_lock:
             start = self._size
             try:
                 _write_pieces(self._fd, pieces)

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from stratad import native
+from stratad import native, tracing
 from stratad.errors import CorruptObjectError, DataLossError
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import FILE_MODE, fsync_dir, make_dirs
@@ -419,7 +419,8 @@ class ObjectStore:
                 batch = list(self._pending.items())
             if not batch:
                 return []
-            placed = self._append(batch)
+            with tracing.span("stratad.objects.write", {"stratad.objects": len(batch)}):
+                placed = self._append(batch)
             with self._lock:
                 for (digest, frame), location in zip(batch, placed, strict=True):
                     if self._pending.get(digest) is not frame:
@@ -496,10 +497,11 @@ class ObjectStore:
             new_pack, self._new_pack = self._new_pack, False
         if unsynced:
             try:
-                for pack in packs:
-                    os.fdatasync(pack.fd)
-                if new_pack:
-                    fsync_dir(self.packs_root)
+                with tracing.span("stratad.objects.fsync", {"stratad.objects": len(unsynced)}):
+                    for pack in packs:
+                        os.fdatasync(pack.fd)
+                    if new_pack:
+                        fsync_dir(self.packs_root)
             except OSError as exc:
                 raise self._fail_stop.trip(f"fsync of objects in {self.root}", exc) from exc
         elif new_pack:

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratad import native
+from stratad import native, tracing
 from stratad.errors import DataLossError
 from stratad.store import manifest
 from stratad.store.failstop import FailStop
@@ -121,7 +121,10 @@ class TenantStore:
         referenced while a garbage collection runs are recorded for it.
         """
         try:
-            return self._commit_objects(state, owner)
+            with tracing.span(
+                "stratad.objects.commit", {"stratad.objects": len(state.new_objects)}
+            ):
+                return self._commit_objects(state, owner)
         except BaseException:
             # No journal record will carry what this call put (a backlog flush
             # hit a full disk, a base was collected...): a retry must carry
