@@ -276,8 +276,9 @@ def test_damaged_object_is_data_loss_and_named_by_verify(
     data_dir = saved.daemon.data_dir
     multi_chunks = chunk_digests(multi.data)
     damaged = {small.digest, multi_chunks[len(multi_chunks) // 2]}
-    for digest in damaged:
-        OBJECT_DAMAGE[damage](stored_object(data_dir, digest))
+    # Find them all first: after an erased entry header, reading stops there.
+    for obj in [stored_object(data_dir, digest) for digest in damaged]:
+        OBJECT_DAMAGE[damage](obj)
 
     daemon = restart(start_daemon, saved.daemon)
     with stratad.Client(daemon.target) as client:
