@@ -441,6 +441,10 @@ def cmd_replication_status(ctl: Ctl, args: argparse.Namespace) -> int:
             f"objects queued:  {s.objects_queued}",
             f"lag:             {s.lag_seconds:.3f}s",
             f"last shipment:   {s.last_shipment_seconds:.3f}s",
+            f"library behind:  {s.library_records_behind} records "
+            f"(lag {s.library_lag_seconds:.3f}s)",
+            f"library streams: {s.library_segments} segments, "
+            f"{s.library_damaged_segments} damaged segments seen",
         ]
     )
     ctl.emit(to_dict(s), text)

@@ -47,6 +47,7 @@ from stratad.store.remote import (
 from stratad.store.tenant import ROOT_CHUNK, ROOT_MANIFEST, TenantStore
 
 if TYPE_CHECKING:
+    from stratad.domain.library_replication import LibraryReplicator
     from stratad.domain.sessions import LiveSession, SessionManager
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,8 @@ class Replicator:
         self._thread: threading.Thread | None = None
         #: Seconds between a mutation and its shipment, as last measured (metrics).
         self.last_lag = 0.0
+        #: The tenant libraries' replication (its figures join status()).
+        self.library: LibraryReplicator | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -586,6 +589,7 @@ class Replicator:
             "bytes_behind": behind, "objects_queued": queued,
             "lag_seconds": time.time() - oldest if oldest else 0.0,
             "last_shipment_seconds": self.last_lag,
+            **(self.library.status() if self.library is not None else {}),
         }  # fmt: skip
 
 

@@ -7,6 +7,8 @@ Layout under the configured URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
     tenants/<t>/packs/<id>.idx            JSON {"objects": {digest: [offset, length]}}
     tenants/<t>/sessions/<s>/HEAD         JSON: owner, epoch, lease, segment list
     tenants/<t>/sessions/<s>/seg/<epoch>-<seq>   journal bytes (records as on disk)
+    tenants/<t>/library/<node>/<seq>.seg  crystal and profile records one daemon wrote
+    tenants/<t>/library/<node>/<seq>.base that daemon's whole share of the library
 
 Objects are content-addressed and uploaded in packs (one PUT per shipping
 round, not one per chunk); a pack's index is written after the pack, so an
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -385,6 +388,60 @@ class RemoteTier:
         except Exception as exc:
             raise _unavailable(f"listing {prefix}", exc) from exc
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
+
+    # -- tenant libraries (crystals, profiles): one stream per daemon ----------------
+
+    @staticmethod
+    def library_path(tenant: str, node: str) -> str:
+        return f"tenants/{tenant}/library/{urllib.parse.quote(node, safe='')}"
+
+    def list_tenants(self) -> list[str]:
+        """Names of the tenants with anything in object storage."""
+        try:
+            found = obstore.list_with_delimiter(self.store, "tenants/")
+        except Exception as exc:
+            raise _unavailable("listing tenants/", exc) from exc
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
+
+    def list_library(self, tenant: str) -> dict[str, list[tuple[int, str]]]:
+        """node ID -> its stream's segments as (sequence number, "seg" | "base"), in order."""
+        prefix = f"tenants/{tenant}/library/"
+        streams: dict[str, list[tuple[int, str]]] = {}
+        for path in self._list(prefix):
+            node, _, name = path[len(prefix) :].partition("/")
+            seq, _, kind = name.partition(".")
+            if kind in ("seg", "base") and seq.isdigit():
+                streams.setdefault(urllib.parse.unquote(node), []).append((int(seq), kind))
+        return {node: sorted(segments) for node, segments in streams.items()}
+
+    def put_library_segment(self, tenant: str, node: str, seq: int, kind: str, data: bytes) -> None:
+        """Create a segment of `node`'s stream; it must not exist (one writer per node ID)."""
+        path = f"{self.library_path(tenant, node)}/{seq:012d}.{kind}"
+        try:
+            obstore.put(self.store, path, data, mode="create", use_multipart=False)
+        except (RemotePreconditionError, RemoteExistsError) as exc:
+            raise LeaseLostError(
+                f"{path} exists: another daemon runs with node_id {node!r}; "
+                "every daemon needs its own node_id"
+            ) from exc
+        except Exception as exc:
+            raise _unavailable(f"writing {path}", exc) from exc
+
+    def get_library_segment(self, tenant: str, node: str, seq: int, kind: str) -> bytes | None:
+        """A segment's bytes; None when it is gone (its writer compacted its stream)."""
+        try:
+            return self._get(f"{self.library_path(tenant, node)}/{seq:012d}.{kind}")
+        except (RemoteNotFoundError, FileNotFoundError):
+            return None
+
+    def delete_library_segment(self, tenant: str, node: str, seq: int, kind: str) -> None:
+        path = f"{self.library_path(tenant, node)}/{seq:012d}.{kind}"
+        try:
+            obstore.delete(self.store, path)
+        except (RemoteNotFoundError, FileNotFoundError):
+            pass
+        except Exception as exc:
+            raise _unavailable(f"deleting {path}", exc) from exc
 
     # -- plumbing ------------------------------------------------------------------
 

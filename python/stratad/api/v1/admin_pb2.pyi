@@ -45,6 +45,10 @@ class GetReplicationStatusResponse(_message.Message):
     OBJECTS_QUEUED_FIELD_NUMBER: _builtins.int
     LAG_SECONDS_FIELD_NUMBER: _builtins.int
     LAST_SHIPMENT_SECONDS_FIELD_NUMBER: _builtins.int
+    LIBRARY_RECORDS_BEHIND_FIELD_NUMBER: _builtins.int
+    LIBRARY_LAG_SECONDS_FIELD_NUMBER: _builtins.int
+    LIBRARY_SEGMENTS_FIELD_NUMBER: _builtins.int
+    LIBRARY_DAMAGED_SEGMENTS_FIELD_NUMBER: _builtins.int
     mode: _builtins.str
     """"async" or "sync"."""
     node_id: _builtins.str
@@ -59,6 +63,18 @@ class GetReplicationStatusResponse(_message.Message):
     """Age of the oldest acknowledged write not yet shipped (0 = none)."""
     last_shipment_seconds: _builtins.float
     """Duration of the last shipment."""
+    library_records_behind: _builtins.int
+    """Tenant libraries (crystals, user profiles): records acknowledged locally
+    and not yet in this daemon's library streams in object storage.
+    """
+    library_lag_seconds: _builtins.float
+    """Age of the oldest such record (0 = none)."""
+    library_segments: _builtins.int
+    """Segments of this daemon's library streams in object storage (bounded:
+    each stream is rewritten as one base every 32 segments).
+    """
+    library_damaged_segments: _builtins.int
+    """Library segments of other daemons that failed their checksums (not merged)."""
     def __init__(
         self,
         *,
@@ -69,10 +85,14 @@ class GetReplicationStatusResponse(_message.Message):
         objects_queued: _builtins.int = ...,
         lag_seconds: _builtins.float = ...,
         last_shipment_seconds: _builtins.float = ...,
+        library_records_behind: _builtins.int = ...,
+        library_lag_seconds: _builtins.float = ...,
+        library_segments: _builtins.int = ...,
+        library_damaged_segments: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_behind", b"bytes_behind", "lag_seconds", b"lag_seconds", "last_shipment_seconds", b"last_shipment_seconds", "mode", b"mode", "node_id", b"node_id", "objects_queued", b"objects_queued", "sessions_owned", b"sessions_owned"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_behind", b"bytes_behind", "lag_seconds", b"lag_seconds", "last_shipment_seconds", b"last_shipment_seconds", "library_damaged_segments", b"library_damaged_segments", "library_lag_seconds", b"library_lag_seconds", "library_records_behind", b"library_records_behind", "library_segments", b"library_segments", "mode", b"mode", "node_id", b"node_id", "objects_queued", b"objects_queued", "sessions_owned", b"sessions_owned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,331 @@
+"""Replication of tenant libraries (crystals, user profiles) to object storage.
+
+Sessions have one writer at a time (a lease, domain/replication.py); a
+tenant's crystal library and user profiles do not: every daemon of a
+horizontally scaled agent service writes them at once. So each daemon keeps
+its *own stream* of the library records it writes, and merges everybody
+else's (docs/replication.md, "Tenant libraries"):
+
+- Every crystal/profile record this daemon journals is also queued for its
+  stream; shipping uploads the queue as one immutable segment,
+  ``tenants/<t>/library/<node>/<seq>.seg`` (a conditional create: two
+  daemons with one node ID are refused). `sync`: the write is acknowledged
+  once its segment is in object storage; `async`: every `lag` seconds.
+- Every `lag` seconds (and at start) a daemon lists the tenants' streams and
+  merges the segments it has not applied yet. Records carry hybrid-clock
+  stamps (domain/stamps.py) and merge deterministically, whatever the order
+  they arrive in: last writer wins per crystal ID, per user profile and for
+  the library config; deletions are tombstones; reuse counters are per
+  daemon and add up. Every daemon therefore converges to the same library.
+- A stream is bounded: after COMPACT_EVERY segments (and once at start, after
+  catching up with its own stream) a daemon writes a *base*, everything of
+  the library it wrote and that still holds, then deletes its older
+  segments. A reader that fell behind a base starts again from it (merging
+  is idempotent, so reading a record twice changes nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from stratad.domain.ids import validate_id
+from stratad.domain.stamps import HybridClock
+from stratad.errors import InvalidArgumentError, StratadError
+from stratad.store import journal as journal_mod
+from stratad.store.journal import Record
+from stratad.store.remote import RemoteTier
+
+if TYPE_CHECKING:
+    from stratad.domain.crystals import CrystalLibraries
+    from stratad.domain.profiles import Profiles
+
+log = logging.getLogger(__name__)
+
+#: Segments a daemon ships after its last base before it writes a new one.
+COMPACT_EVERY = 32
+PROFILE_KINDS = ("profile.put", "profile.delete")
+CRYSTAL_KINDS = ("crystal", "reuse", "delete", "config")
+
+
+@dataclass
+class _Stream:
+    """This daemon's stream of one tenant's library."""
+
+    #: Encoded records written here and not shipped yet, in journal order.
+    queued: list[bytes] = field(default_factory=list)
+    #: Tickets: records published so far, and how many of them are shipped.
+    published: int = 0
+    shipped: int = 0
+    #: When the oldest record not shipped yet was written (0: none).
+    oldest: float = 0.0
+    #: Next segment number, segments since the last base, segments in the
+    #: bucket; None until the stream was read back at start (`_prepare`).
+    next_seq: int | None = None
+    since_base: int = 0
+    segments: int = 0
+    #: Held while shipping (sync writers wait here for each other's uploads).
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LibraryReplicator:
+    """Ships this daemon's library records; merges the other daemons' (see module doc)."""
+
+    def __init__(
+        self,
+        remote: RemoteTier,
+        crystals: CrystalLibraries,
+        profiles: Profiles,
+        *,
+        mode: str,
+        node_id: str,
+        lag: float,
+    ) -> None:
+        self.remote = remote
+        self.crystals = crystals
+        self.profiles = profiles
+        self.mode = mode
+        self.node_id = node_id
+        self.lag = lag
+        self.clock = HybridClock(node_id)
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
+        #: (tenant, node) -> the last segment of that stream merged here.
+        self._cursors: dict[tuple[str, str], int] = {}
+        self._pull_locks: dict[str, threading.Lock] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Segments that failed their checksums (never merged; see status()).
+        self.damaged_segments = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Catch up with every tenant's library in object storage, then run in the background."""
+        try:
+            self.sync_all()
+        except StratadError as exc:  # the loop tries again; local state is served meanwhile
+            log.warning("catching up with the libraries in object storage failed: %s", exc)
+        self._thread = threading.Thread(target=self._loop, name="stratad-library", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for tenant in self._tenants_with_queue():
+            try:
+                self.ship(tenant)
+            except StratadError as exc:
+                log.warning("shipping the library of %r at shutdown failed: %s", tenant, exc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.lag):
+            try:
+                self.sync_all()
+            except Exception:  # keep going; the next round retries
+                log.exception("library replication round failed")
+
+    def sync_all(self) -> None:
+        """One round: ship what is queued, merge what other daemons shipped.
+
+        The first round for a tenant (at start) also reads this daemon's own
+        stream back and writes its base (`_prepare`).
+        """
+        for tenant in self._all_tenants():
+            try:
+                stream = self._stream(tenant)
+                if stream.next_seq is None:
+                    with stream.lock:
+                        if stream.next_seq is None:
+                            self._prepare(tenant, stream)
+                if stream.queued:
+                    self.ship(tenant)
+                self.pull(tenant)
+            except StratadError as exc:
+                log.warning("replicating the library of %r failed: %s", tenant, exc.message)
+
+    # -- LibraryReplica (called by the crystal and profile domains) ----------------------
+
+    def published(self, tenant: str, data: bytes) -> int:
+        """Queue a record this daemon journaled (under the domain's lock); its ticket."""
+        with self._lock:
+            stream = self._streams.setdefault(tenant, _Stream())
+            stream.queued.append(data)
+            stream.published += 1
+            stream.oldest = stream.oldest or time.time()
+            return stream.published
+
+    def acknowledge(self, tenant: str, ticket: int) -> None:
+        """`sync`: return once the record with `ticket` is in object storage."""
+        if self.mode == "sync":
+            self.ship(tenant, upto=ticket)
+
+    # -- shipping --------------------------------------------------------------------------
+
+    def ship(self, tenant: str, *, upto: int | None = None) -> None:
+        """Upload the queued records of `tenant` as one segment (all of them, not only `upto`)."""
+        stream = self._stream(tenant)
+        with stream.lock:
+            if upto is not None and stream.shipped >= upto:
+                return  # another writer's segment carried it
+            if stream.next_seq is None:
+                self._prepare(tenant, stream)
+            with self._lock:
+                records, end = stream.queued, stream.published
+                stream.queued = []
+            if not records:
+                return
+            try:
+                self._put(tenant, stream, "seg", b"".join(records))
+            except BaseException:
+                with self._lock:  # shipped by the next round
+                    stream.queued = records + stream.queued
+                raise
+            with self._lock:
+                stream.shipped = end
+                stream.oldest = time.time() if stream.queued else 0.0
+            if stream.since_base >= COMPACT_EVERY:
+                self._write_base(tenant, stream)
+
+    def _prepare(self, tenant: str, stream: _Stream) -> None:
+        """Before this daemon's first shipment for `tenant`: read its stream back.
+
+        A daemon that lost its data directory but kept its node ID (a
+        StatefulSet pod) finds its earlier records there: they are merged
+        first, so that the base written next cannot leave any out.
+        """
+        segments = self.pull(tenant, own=True)
+        stream.next_seq = max((seq for seq, _ in segments), default=-1) + 1
+        stream.segments = len(segments)
+        bases = [seq for seq, kind in segments if kind == "base"]
+        stream.since_base = sum(seq > max(bases, default=-1) for seq, _ in segments)
+        if segments or self._export(tenant):
+            self._write_base(tenant, stream)
+
+    def _write_base(self, tenant: str, stream: _Stream) -> None:
+        """Replace this daemon's stream by one base segment (stream.lock held)."""
+        base = stream.next_seq
+        self._put(tenant, stream, "base", b"".join(self._export(tenant)))
+        for seq, kind in self.remote.list_library(tenant).get(self.node_id, []):
+            if base is not None and seq < base:
+                self.remote.delete_library_segment(tenant, self.node_id, seq, kind)
+                stream.segments -= 1
+        self._cursors[(tenant, self.node_id)] = base if base is not None else -1
+
+    def _export(self, tenant: str) -> list[bytes]:
+        return self.crystals.export_origin(tenant, self.node_id) + self.profiles.export_origin(
+            tenant, self.node_id
+        )
+
+    def _put(self, tenant: str, stream: _Stream, kind: str, data: bytes) -> None:
+        assert stream.next_seq is not None
+        self.remote.put_library_segment(tenant, self.node_id, stream.next_seq, kind, data)
+        stream.next_seq += 1
+        stream.segments += 1
+        stream.since_base = 0 if kind == "base" else stream.since_base + 1
+
+    # -- merging ----------------------------------------------------------------------------
+
+    def pull(self, tenant: str, *, own: bool = False) -> list[tuple[int, str]]:
+        """Merge the segments of other daemons (and with `own`, ours) not merged yet.
+
+        Returns this daemon's own segments as listed.
+        """
+        with self._lock:
+            lock = self._pull_locks.setdefault(tenant, threading.Lock())
+        with lock:
+            streams = self.remote.list_library(tenant)
+            for node, segments in sorted(streams.items()):
+                if node != self.node_id or own:
+                    self._pull_stream(tenant, node, segments)
+            return streams.get(self.node_id, [])
+
+    def _pull_stream(self, tenant: str, node: str, segments: list[tuple[int, str]]) -> None:
+        cursor = self._cursors.get((tenant, node), -1)
+        bases = [seq for seq, kind in segments if kind == "base"]
+        # Fell behind the writer's last base: its older segments may be gone.
+        start = bases[-1] if bases and bases[-1] > cursor else cursor + 1
+        for seq, kind in segments:
+            if seq < start:
+                continue
+            data = self.remote.get_library_segment(tenant, node, seq, kind)
+            if data is None:
+                return  # compacted meanwhile: the next round starts from the new base
+            records = _parse(data)
+            if records is None:
+                self.damaged_segments += 1
+                log.error(
+                    "library segment %s/%012d.%s fails its checksums; not merged",
+                    RemoteTier.library_path(tenant, node), seq, kind,
+                )  # fmt: skip
+                return
+            self._merge(tenant, records)
+            self._cursors[(tenant, node)] = seq
+
+    def _merge(self, tenant: str, records: list[tuple[Record, bytes]]) -> None:
+        crystal = [(r, d) for r, d in records if r.kind in CRYSTAL_KINDS]
+        profile = [(r, d) for r, d in records if r.kind in PROFILE_KINDS]
+        if crystal:
+            self.crystals.apply_remote(tenant, crystal)
+        if profile:
+            self.profiles.apply_remote(tenant, profile)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _stream(self, tenant: str) -> _Stream:
+        with self._lock:
+            return self._streams.setdefault(tenant, _Stream())
+
+    def _tenants_with_queue(self) -> list[str]:
+        with self._lock:
+            return [t for t, s in self._streams.items() if s.queued]
+
+    def _all_tenants(self) -> list[str]:
+        """Tenants in object storage and those this daemon holds a library of."""
+        names = set(self.remote.list_tenants())
+        names.update(self.crystals.replicated_tenants(), self.profiles.tenants())
+        valid = []
+        for name in sorted(names):
+            try:
+                valid.append(validate_id(name, "tenant"))
+            except InvalidArgumentError:
+                log.warning("ignoring %r in object storage: not a tenant name", name)
+        return valid
+
+    def status(self) -> dict[str, Any]:
+        """The library part of `stratad ctl replication status` and the metrics."""
+        with self._lock:
+            streams = list(self._streams.values())
+        behind = sum(s.published - s.shipped for s in streams)
+        oldest = min((s.oldest for s in streams if s.oldest), default=0.0)
+        return {
+            "library_records_behind": behind,
+            "library_lag_seconds": time.time() - oldest if oldest else 0.0,
+            "library_segments": sum(s.segments for s in streams),
+            "library_damaged_segments": self.damaged_segments,
+        }
+
+
+def _parse(data: bytes) -> list[tuple[Record, bytes]] | None:
+    """A segment's records with their bytes; None if any fails its checksum."""
+    parsed = list(_records(data))
+    end = parsed[-1][2] if parsed else 0
+    if end != len(data):
+        return None
+    return [(record, data[start:stop]) for record, start, stop in parsed]
+
+
+def _records(data: bytes) -> Iterator[tuple[Record, int, int]]:
+    pos = 0
+    while pos < len(data):
+        found = journal_mod._read_record(data, pos)
+        if found is None:
+            return
+        record, end = found
+        yield record, pos, end
+        pos = end
