@@ -794,6 +794,11 @@ class CrystalLibraries:
         if self.replica is not None and ticket:
             self.replica.acknowledge(tenant, ticket)
 
+    def _id_tag(self) -> str:
+        """With replication, IDs end in the daemon's tag: two daemons crystallizing for
+        one session in the same millisecond must not make the same ID."""
+        return "" if self.replica is None else f"_{self.replica.clock.tag:04x}"
+
     def _stamped(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` with a stamp and this daemon's node ID, when the library replicates."""
         if self.replica is None:
@@ -853,7 +858,7 @@ class CrystalLibraries:
                     tool_similarity=tool_similarity,
                 )
             created_at = self.clock()
-            crystal_id = base = crystal_id_base(session_id, created_at)
+            crystal_id = base = crystal_id_base(session_id, created_at) + self._id_tag()
             suffix = 2
             while crystal_id in lib.ids:
                 crystal_id, suffix = f"{base}-{suffix}", suffix + 1
