@@ -224,3 +224,23 @@ def test_async_mode_ships_on_the_next_round(daemons: Callable[..., Engine]) -> N
     sync(a, b)
     assert len(library(b)) == 1
     assert a.library_replicator.status()["library_records_behind"] == 0
+
+
+def test_a_damaged_segment_is_reported_and_the_other_streams_still_merge(
+    daemons: Callable[..., Engine], remote: RemoteTier
+) -> None:
+    a = daemons("a")
+    crystallize(a, "compress the nightly backups", "zstd")
+    good = remote.get_library_segment(TENANT, "a", 0, "base")
+    assert good is not None
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0xFF  # bit rot in the middle of a record
+    remote.put_library_segment(TENANT, "x", 0, "seg", bytes(damaged))
+    b = daemons("b")
+    assert len(library(b)) == 1  # a's stream merged; x's refused
+    sync(a, b)
+    assert b.library_replicator is not None
+    assert b.library_replicator.status()["library_damaged_segments"] == 1
+    crystallize(a, "prune the old container images", "registry")
+    sync(a, b)
+    assert len(library(b)) == 2

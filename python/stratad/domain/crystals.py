@@ -1254,7 +1254,8 @@ class CrystalLibraries:
                     out.append(Record("delete", body).encode())
         return out
 
-    def replicated_tenants(self) -> builtins.list[str]:
+    def tenants(self) -> builtins.list[str]:
+        """Tenants with a crystal library here."""
         with self._lock:
             return sorted(self._libraries)
 

@@ -99,8 +99,8 @@ class LibraryReplicator:
         self._pull_locks: dict[str, threading.Lock] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: Segments that failed their checksums (never merged; see status()).
-        self.damaged_segments = 0
+        #: (tenant, node, seq) of segments found damaged (never merged; see status()).
+        self._damaged: set[tuple[str, str, int]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -257,14 +257,21 @@ class LibraryReplicator:
             if data is None:
                 return  # compacted meanwhile: the next round starts from the new base
             records = _parse(data)
-            if records is None:
-                self.damaged_segments += 1
+            try:
+                if records is None:
+                    raise ValueError("a record fails its checksum")
+                self._merge(tenant, records)
+            except (KeyError, TypeError, ValueError) as exc:
+                # Immutable, so it stays damaged: the stream is merged again
+                # from its writer's next base (written at its next start).
+                if (tenant, node, seq) in self._damaged:
+                    return
+                self._damaged.add((tenant, node, seq))
                 log.error(
-                    "library segment %s/%012d.%s fails its checksums; not merged",
-                    RemoteTier.library_path(tenant, node), seq, kind,
+                    "library segment %s/%012d.%s is damaged (%s); not merged",
+                    RemoteTier.library_path(tenant, node), seq, kind, exc,
                 )  # fmt: skip
                 return
-            self._merge(tenant, records)
             self._cursors[(tenant, node)] = seq
 
     def _merge(self, tenant: str, records: list[tuple[Record, bytes]]) -> None:
@@ -288,7 +295,7 @@ class LibraryReplicator:
     def _all_tenants(self) -> list[str]:
         """Tenants in object storage and those this daemon holds a library of."""
         names = set(self.remote.list_tenants())
-        names.update(self.crystals.replicated_tenants(), self.profiles.tenants())
+        names.update(self.crystals.tenants(), self.profiles.tenants())
         valid = []
         for name in sorted(names):
             try:
@@ -307,7 +314,7 @@ class LibraryReplicator:
             "library_records_behind": behind,
             "library_lag_seconds": time.time() - oldest if oldest else 0.0,
             "library_segments": sum(s.segments for s in streams),
-            "library_damaged_segments": self.damaged_segments,
+            "library_damaged_segments": len(self._damaged),
         }
 
 
