@@ -846,37 +846,50 @@ class CrystalLibraries:
                 GOAL_SIMILARITY_THRESHOLD,
                 TOOL_SIMILARITY_THRESHOLD,
             )
-            if similar is not None:
-                slot, goal_similarity, tool_similarity = similar
-                similar_id = lib.id_at[slot]
-                assert similar_id is not None
-                return CrystallizeResult(
-                    Outcome.NOT_NOVEL,
-                    threshold,
-                    similar_crystal_id=similar_id,
-                    goal_similarity=goal_similarity,
-                    tool_similarity=tool_similarity,
-                )
-            created_at = self.clock()
-            crystal_id = base = crystal_id_base(session_id, created_at) + self._id_tag()
-            suffix = 2
-            while crystal_id in lib.ids:
-                crystal_id, suffix = f"{base}-{suffix}", suffix + 1
-            crystal = dataclasses.replace(draft, crystal_id=crystal_id, created_at=created_at)
-            if self.replica is None:
-                body = _crystal_body(crystal, lib.next_seq)
-            else:  # the stamp orders crystals alike on every daemon
-                body = _crystal_body(crystal, self.replica.clock.now(), self.replica.node_id)
-            offset, size = self._append(lib, Record("crystal", body))
-            slot = lib.insert(body, offset, size)
-            evicted, end = self._evict(lib, lib.config.max_crystals, keep=slot)
+            if similar is None:
+                crystal, evicted, end = self._create(lib, draft, session_id)
             journal, ticket = lib.journal, lib.ticket
-            end = max(end, offset + size)
-            self._maybe_compact(lib)
+            if similar is None:
+                self._maybe_compact(lib)
+        if similar is not None:
+            slot, goal_similarity, tool_similarity = similar
+            similar_id = lib.id_at[slot]
+            assert similar_id is not None
+            # The crystal named may be another call's, not durable yet: never
+            # answer ahead of it (locally, and in object storage in `sync` mode).
+            if journal is not None:
+                journal.sync()
+            self._acknowledge(tenant, ticket)
+            return CrystallizeResult(
+                Outcome.NOT_NOVEL,
+                threshold,
+                similar_crystal_id=similar_id,
+                goal_similarity=goal_similarity,
+                tool_similarity=tool_similarity,
+            )
         assert journal is not None
         journal.sync(end)  # after a compaction: at once (it synced this journal)
         self._acknowledge(tenant, ticket)
         return CrystallizeResult(Outcome.CREATED, threshold, crystal=crystal, evicted=evicted)
+
+    def _create(
+        self, lib: _Library, draft: Crystal, session_id: str
+    ) -> tuple[Crystal, tuple[str, ...], int]:
+        """Store a novel crystal (lock held); (it, the crystals evicted, the journal end)."""
+        created_at = self.clock()
+        crystal_id = base = crystal_id_base(session_id, created_at) + self._id_tag()
+        suffix = 2
+        while crystal_id in lib.ids:
+            crystal_id, suffix = f"{base}-{suffix}", suffix + 1
+        crystal = dataclasses.replace(draft, crystal_id=crystal_id, created_at=created_at)
+        if self.replica is None:
+            body = _crystal_body(crystal, lib.next_seq)
+        else:  # the stamp orders crystals alike on every daemon
+            body = _crystal_body(crystal, self.replica.clock.now(), self.replica.node_id)
+        offset, size = self._append(lib, Record("crystal", body))
+        slot = lib.insert(body, offset, size)
+        evicted, end = self._evict(lib, lib.config.max_crystals, keep=slot)
+        return crystal, evicted, max(end, offset + size)
 
     def _evict(
         self, lib: _Library, limit: int, *, keep: int | None = None
@@ -1240,7 +1253,11 @@ class CrystalLibraries:
                 # above "never set", below any config set since.
                 stamp = {"stamp": 1, "node": ""}
                 out.append(self._config_record(lib, lib.config, stamp).encode())
-            live = [s for s in lib.listed_slot if lib.id_at[s] is not None]
+            live = [
+                slot
+                for seq, slot in zip(lib.listed_seq, lib.listed_slot, strict=True)
+                if lib.seq_at[slot] == seq
+            ]
             for slot in live:
                 if lib.node_at[slot] in ours:
                     out.append(os.pread(lib.read_fd, lib.size_at[slot], lib.offset_at[slot]))
