@@ -40,7 +40,9 @@ def test_replication_status_counts_the_library_stream(replicating: Api) -> None:
     step = crystal_pb2.TraceStep(decision="search", tool="web")
     replicating.call(
         crystals.Crystallize,
-        crystal_pb2.CrystallizeRequest(goal="find flights", execution_trace=[step], success_score=1),
+        crystal_pb2.CrystallizeRequest(
+            goal="find flights", execution_trace=[step], success_score=1
+        ),
     )
     status = replicating.call(
         replicating.admin.GetReplicationStatus, admin_pb2.GetReplicationStatusRequest()

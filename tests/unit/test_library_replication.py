@@ -244,3 +244,45 @@ def test_a_damaged_segment_is_reported_and_the_other_streams_still_merge(
     crystallize(a, "prune the old container images", "registry")
     sync(a, b)
     assert len(library(b)) == 2
+
+
+def test_a_library_written_before_replication_is_published_when_it_is_turned_on(
+    daemons: Callable[..., Engine], tmp_path: Path
+) -> None:
+    local = Engine(tmp_path / "a", fsync_interval=0.02)  # replication off
+    local.open()
+    try:
+        old = crystallize(local, "archive the finished projects", "tar")
+        local.crystals.record_reuse(TENANT, old.crystal_id, True)
+        local.crystals.set_config(TENANT, max_crystals=99)
+        local.profiles.update(TENANT, "fay", {"goals": ["from before"]})
+    finally:
+        local.close()
+    a = daemons("a")  # the same data directory, now replicating
+    crystallize(a, "send the weekly digest email", "smtp")
+    b = daemons("b")
+    assert library(b) == library(a) and len(library(b)) == 2
+    assert b.crystals.get(TENANT, old.crystal_id) == a.crystals.get(TENANT, old.crystal_id)
+    assert b.crystals.get(TENANT, old.crystal_id).reuse_count == 1
+    assert b.crystals.config(TENANT).max_crystals == 99
+    assert b.profiles.get(TENANT, "fay")["goals"] == ["from before"]
+
+
+def test_async_writes_a_crash_kept_from_shipping_are_shipped_at_the_next_start(
+    daemons: Callable[..., Engine], remote: RemoteTier, tmp_path: Path
+) -> None:
+    crashed = Engine(tmp_path / "a", fsync_interval=0.02)
+    replicator = crashed.replicate_to(remote, mode="async", node_id="a", lag=3600, lease=5)
+    crashed.open()
+    kept = crystallize(crashed, "reconcile the payment ledger", "ledger")
+    crashed.profiles.update(TENANT, "gus", {"goals": ["g"]})
+    shipping = replicator.library
+    assert shipping is not None and shipping.status()["library_records_behind"] == 2
+    shipping.ship = lambda *args, **kwargs: None  # type: ignore[method-assign]  # the crash
+    crashed.close()
+    assert remote.list_library(TENANT).get("a", []) == []  # never shipped
+
+    daemons("a")  # restarted on its disk: its first round publishes what it holds
+    b = daemons("b")
+    assert b.crystals.get(TENANT, kept.crystal_id) == kept
+    assert b.profiles.get(TENANT, "gus")["goals"] == ["g"]

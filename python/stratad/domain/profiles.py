@@ -373,8 +373,11 @@ class Profiles:
             for user_id, profile in tp.profiles.items():
                 stamp, writer = tp.stamps.get(user_id, LEGACY)
                 if writer in (node, ""):
+                    # Written before replication: just above "never written",
+                    # below any write since.
+                    stamp = stamp or 1
                     body = {"at": profile["last_updated"], "user_id": user_id, "profile": profile}
-                    origin = {"stamp": stamp, "node": writer} if writer else {}
+                    origin = {"stamp": stamp, "node": writer}
                     out.append(Record("profile.put", {**body, **origin}).encode())
             for user_id, (stamp, writer) in tp.tombstones.items():
                 if writer == node:
