@@ -286,3 +286,37 @@ def test_async_writes_a_crash_kept_from_shipping_are_shipped_at_the_next_start(
     b = daemons("b")
     assert b.crystals.get(TENANT, kept.crystal_id) == kept
     assert b.profiles.get(TENANT, "gus")["goals"] == ["g"]
+
+
+def test_restarts_under_new_node_ids_do_not_pile_up_streams(
+    daemons: Callable[..., Engine], remote: RemoteTier, tmp_path: Path
+) -> None:
+    def run(node: str, disk: str, work: Callable[[Engine], None]) -> None:
+        engine = Engine(tmp_path / disk, fsync_interval=0.02)
+        engine.replicate_to(remote, mode="sync", node_id=node, lag=3600, lease=5)
+        engine.open()
+        try:
+            work(engine)
+        finally:
+            engine.close()
+
+    made: list[Crystal] = []
+    for n in range(3):  # the default node ID (host and PID) changes with every restart
+
+        def write(engine: Engine, n: int = n) -> None:
+            made.append(crystallize(engine, f"restart number {n} of the worker", f"t{n}"))
+            engine.profiles.update(TENANT, f"user{n}", {"goals": [f"g{n}"]})
+
+        run(f"pid{n}", "disk", write)
+    assert sorted(remote.list_library(TENANT)) == ["pid2"]  # pid0 and pid1 were adopted
+    # The same pod name on a fresh volume: its base names what it adopted...
+    shutil.rmtree(tmp_path / "disk")
+    run("pid2", "fresh", lambda e: e.crystals.record_reuse(TENANT, made[0].crystal_id, True))
+    # ...so that a restart under yet another ID still publishes all of it.
+    run("pid3", "fresh", lambda e: crystallize(e, "one more after the restarts", "t9") and None)
+    assert sorted(remote.list_library(TENANT)) == ["pid3"]
+    b = daemons("b")
+    assert len(library(b)) == 4
+    goals = [b.profiles.get(TENANT, f"user{n}")["goals"] for n in range(3)]
+    assert goals == [["g0"], ["g1"], ["g2"]]
+    assert b.crystals.get(TENANT, made[0].crystal_id).reuse_count == 1

@@ -72,7 +72,7 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -1233,20 +1233,20 @@ class CrystalLibraries:
             journal.sync(end)
         return changed
 
-    def export_origin(self, tenant: str, node: str) -> builtins.list[bytes]:
-        """The records of `node`'s stream base: what of the library it wrote and still holds.
+    def export_origin(self, tenant: str, nodes: Collection[str]) -> builtins.list[bytes]:
+        """A stream base: what of the library the daemons `nodes` wrote and still holds.
 
-        Its live crystals (their records byte for byte), its reuse counters,
-        its tombstones, the config if it set it last; and what was written
+        Their live crystals (the records byte for byte), their reuse counters,
+        their tombstones, the config if they set it last; and what was written
         before replication (no daemon named), which every daemon publishes.
         """
         lib = self._library(tenant, create=False)
         if lib is None:
             return []
-        ours = (node, "")
+        ours = {*nodes, ""}
         out: builtins.list[bytes] = []
         with lib.lock:
-            if lib.config_key[1] == node:
+            if lib.config_key[1] in nodes:
                 out.append(self._config_record(lib, lib.config).encode())
             elif lib.config_key == LEGACY and lib.config != LibraryConfig():
                 # Set before replication: published by whoever has it, just
@@ -1266,7 +1266,7 @@ class CrystalLibraries:
                     lib.contributions(slot)
                     out.extend(r.encode() for r in _counter_records(lib, slot, ours.__contains__))
             for crystal_id, key in lib.tombstones.items():
-                if key[1] == node:
+                if key[1] in nodes:
                     body = {"id": crystal_id, "why": "delete", "stamp": key[0], "node": key[1]}
                     out.append(Record("delete", body).encode())
         return out

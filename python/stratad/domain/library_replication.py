@@ -22,6 +22,12 @@ else's (docs/replication.md, "Tenant libraries"):
   the library it wrote and that still holds, then deletes its older
   segments. A reader that fell behind a base starts again from it (merging
   is idempotent, so reading a record twice changes nothing).
+- Streams do not pile up with restarts: the data directory remembers the
+  node IDs it ran under (NODES_FILE). A daemon *adopts* the earlier ones
+  (the default node ID changes with every restart): its base carries their
+  share of the library too, names them (a ``library.nodes`` record, so that
+  the adoption survives a lost data directory), and their streams are
+  deleted.
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ log = logging.getLogger(__name__)
 
 #: Segments a daemon ships after its last base before it writes a new one.
 COMPACT_EVERY = 32
+#: In the data directory: the node IDs it has run under (one journal record).
+NODES_FILE = "library-nodes"
+#: The first record of a base that carries adopted streams: {"nodes": [...]}.
+NODES_KIND = "library.nodes"
 PROFILE_KINDS = ("profile.put", "profile.delete")
 CRYSTAL_KINDS = ("crystal", "reuse", "delete", "config")
 
@@ -92,6 +102,8 @@ class LibraryReplicator:
         self.node_id = node_id
         self.lag = lag
         self.clock = HybridClock(node_id)
+        #: Earlier node IDs whose share of every library this daemon publishes.
+        self.adopted: set[str] = set()
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
         #: (tenant, node) -> the last segment of that stream merged here.
@@ -106,6 +118,7 @@ class LibraryReplicator:
 
     def start(self) -> None:
         """Catch up with every tenant's library in object storage, then run in the background."""
+        self._adopt(self._remembered_nodes())
         try:
             self.sync_all()
         except StratadError as exc:  # the loop tries again; local state is served meanwhile
@@ -199,18 +212,27 @@ class LibraryReplicator:
         StatefulSet pod) finds its earlier records there: they are merged
         first, so that the base written next cannot leave any out.
         """
-        segments = self.pull(tenant, own=True)
+        streams = self.pull(tenant, own=True)
+        segments = streams.get(self.node_id, [])
         stream.next_seq = max((seq for seq, _ in segments), default=-1) + 1
         stream.segments = len(segments)
         bases = [seq for seq, kind in segments if kind == "base"]
         stream.since_base = sum(seq > max(bases, default=-1) for seq, _ in segments)
-        if segments or self._export(tenant):
+        retired = {node: streams[node] for node in self.adopted if node in streams}
+        if segments or retired or self._export(tenant):
             self._write_base(tenant, stream)
+        for node, old in retired.items():  # their share is in our base now
+            for seq, kind in old:
+                self.remote.delete_library_segment(tenant, node, seq, kind)
+            log.info("adopted the library stream of %r (tenant %r)", node, tenant)
 
     def _write_base(self, tenant: str, stream: _Stream) -> None:
         """Replace this daemon's stream by one base segment (stream.lock held)."""
         base = stream.next_seq
-        self._put(tenant, stream, "base", b"".join(self._export(tenant)))
+        records = self._export(tenant)
+        if self.adopted:
+            records.insert(0, Record(NODES_KIND, {"nodes": sorted(self.adopted)}).encode())
+        self._put(tenant, stream, "base", b"".join(records))
         for seq, kind in self.remote.list_library(tenant).get(self.node_id, []):
             if base is not None and seq < base:
                 self.remote.delete_library_segment(tenant, self.node_id, seq, kind)
@@ -218,9 +240,27 @@ class LibraryReplicator:
         self._cursors[(tenant, self.node_id)] = base if base is not None else -1
 
     def _export(self, tenant: str) -> list[bytes]:
-        return self.crystals.export_origin(tenant, self.node_id) + self.profiles.export_origin(
-            tenant, self.node_id
+        nodes = {self.node_id, *self.adopted}
+        return self.crystals.export_origin(tenant, nodes) + self.profiles.export_origin(
+            tenant, nodes
         )
+
+    def _remembered_nodes(self) -> list[str]:
+        """The node IDs this data directory ran under before (and remember this one)."""
+        path = self.crystals.store.data_dir / NODES_FILE
+        earlier: list[str] = []
+        if path.exists():
+            for record in journal_mod.read_records(path).records:
+                earlier = [str(node) for node in record.body["nodes"]]
+        if self.node_id not in earlier:
+            nodes = [*earlier, self.node_id]
+            self.crystals.store.rewrite_journal(path, [Record(NODES_KIND, {"nodes": nodes})])
+        return earlier
+
+    def _adopt(self, nodes: list[str]) -> None:
+        """Publish the share of `nodes` (earlier incarnations of this daemon) from now on."""
+        with self._lock:
+            self.adopted.update(n for n in nodes if n != self.node_id)
 
     def _put(self, tenant: str, stream: _Stream, kind: str, data: bytes) -> None:
         assert stream.next_seq is not None
@@ -231,10 +271,10 @@ class LibraryReplicator:
 
     # -- merging ----------------------------------------------------------------------------
 
-    def pull(self, tenant: str, *, own: bool = False) -> list[tuple[int, str]]:
+    def pull(self, tenant: str, *, own: bool = False) -> dict[str, list[tuple[int, str]]]:
         """Merge the segments of other daemons (and with `own`, ours) not merged yet.
 
-        Returns this daemon's own segments as listed.
+        Returns the tenant's streams as listed.
         """
         with self._lock:
             lock = self._pull_locks.setdefault(tenant, threading.Lock())
@@ -243,7 +283,7 @@ class LibraryReplicator:
             for node, segments in sorted(streams.items()):
                 if node != self.node_id or own:
                     self._pull_stream(tenant, node, segments)
-            return streams.get(self.node_id, [])
+            return streams
 
     def _pull_stream(self, tenant: str, node: str, segments: list[tuple[int, str]]) -> None:
         cursor = self._cursors.get((tenant, node), -1)
@@ -260,7 +300,7 @@ class LibraryReplicator:
             try:
                 if records is None:
                     raise ValueError("a record fails its checksum")
-                self._merge(tenant, records)
+                self._merge(tenant, node, records)
             except (KeyError, TypeError, ValueError) as exc:
                 # Immutable, so it stays damaged: the stream is merged again
                 # from its writer's next base (written at its next start).
@@ -274,7 +314,13 @@ class LibraryReplicator:
                 return
             self._cursors[(tenant, node)] = seq
 
-    def _merge(self, tenant: str, records: list[tuple[Record, bytes]]) -> None:
+    def _merge(self, tenant: str, node: str, records: list[tuple[Record, bytes]]) -> None:
+        if node == self.node_id or node in self.adopted:
+            # Our base (or an adopted one) names the streams we answer for: this
+            # is how a daemon that lost its data directory learns them again.
+            for record, _ in records:
+                if record.kind == NODES_KIND:
+                    self._adopt([str(n) for n in record.body["nodes"]])
         crystal = [(r, d) for r, d in records if r.kind in CRYSTAL_KINDS]
         profile = [(r, d) for r, d in records if r.kind in PROFILE_KINDS]
         if crystal:

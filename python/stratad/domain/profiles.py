@@ -22,6 +22,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -359,8 +360,8 @@ class Profiles:
             journal.sync(end)
         return changed
 
-    def export_origin(self, tenant: str, node: str) -> list[bytes]:
-        """`node`'s stream base: the profiles it wrote last and the deletions it made.
+    def export_origin(self, tenant: str, nodes: Collection[str]) -> list[bytes]:
+        """A stream base: the profiles the daemons `nodes` wrote last, their deletions.
 
         Profiles written before replication (no daemon named) are published
         by every daemon that holds them (harmless: merging is idempotent).
@@ -372,7 +373,7 @@ class Profiles:
         with tp.lock:
             for user_id, profile in tp.profiles.items():
                 stamp, writer = tp.stamps.get(user_id, LEGACY)
-                if writer in (node, ""):
+                if writer in nodes or not writer:
                     # Written before replication: just above "never written",
                     # below any write since.
                     stamp = stamp or 1
@@ -380,7 +381,7 @@ class Profiles:
                     origin = {"stamp": stamp, "node": writer}
                     out.append(Record("profile.put", {**body, **origin}).encode())
             for user_id, (stamp, writer) in tp.tombstones.items():
-                if writer == node:
+                if writer in nodes:
                     body = {"at": 0.0, "user_id": user_id, "stamp": stamp, "node": writer}
                     out.append(Record("profile.delete", body).encode())
         return out
