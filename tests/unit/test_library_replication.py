@@ -320,3 +320,27 @@ def test_restarts_under_new_node_ids_do_not_pile_up_streams(
     goals = [b.profiles.get(TENANT, f"user{n}")["goals"] for n in range(3)]
     assert goals == [["g0"], ["g1"], ["g2"]]
     assert b.crystals.get(TENANT, made[0].crystal_id).reuse_count == 1
+
+
+def test_the_streams_of_a_daemon_gone_with_its_volume_are_adopted(
+    daemons: Callable[..., Engine], remote: RemoteTier, tmp_path: Path
+) -> None:
+    gone = Engine(tmp_path / "pod-x", fsync_interval=0.02)  # a Deployment pod, replaced
+    gone.replicate_to(remote, mode="sync", node_id="pod-x", lag=3600, lease=5)  # later on
+    gone.open()  # an empty volume under another name
+    made = crystallize(gone, "compact the event store", "kafka")
+    gone.profiles.update(TENANT, "hal", {"goals": ["g"]})
+    gone.close()
+    assert "pod-x" in remote.heartbeats()
+    # A live daemon for which anything silent for more than 0 s is gone.
+    live = Engine(tmp_path / "pod-y", fsync_interval=0.02)
+    live.replicate_to(remote, mode="sync", node_id="pod-y", lag=3600, lease=5, gc_grace=0.0)
+    live.open()
+    try:
+        assert sorted(remote.list_library(TENANT)) == ["pod-y"]  # pod-x's stream adopted
+        assert "pod-x" not in remote.heartbeats()
+    finally:
+        live.close()
+    b = daemons("b")
+    assert b.crystals.get(TENANT, made.crystal_id) == made
+    assert b.profiles.get(TENANT, "hal")["goals"] == ["g"]

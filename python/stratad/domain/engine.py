@@ -84,8 +84,9 @@ class Engine:
         self.store.on_new_object(self.replicator.object_added)
         # Crystal libraries and profiles: several writers, merged (docs/replication.md).
         library = LibraryReplicator(
-            remote, self.crystals, self.profiles, mode=mode, node_id=node_id, lag=lag
-        )
+            remote, self.crystals, self.profiles, mode=mode, node_id=node_id, lag=lag,
+            retire_after=gc_grace,
+        )  # fmt: skip
         self.crystals.replica = self.profiles.replica = library
         self.library_replicator = self.replicator.library = library
         return self.replicator

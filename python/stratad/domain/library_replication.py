@@ -27,7 +27,11 @@ else's (docs/replication.md, "Tenant libraries"):
   (the default node ID changes with every restart): its base carries their
   share of the library too, names them (a ``library.nodes`` record, so that
   the adoption survives a lost data directory), and their streams are
-  deleted.
+  deleted. A daemon that is gone with its data directory (a pod replaced on
+  an empty volume) stops writing its heartbeat (``nodes/<node>``); once it
+  has been silent for `retire_after` seconds, a live daemon claims it
+  (conditional create of ``nodes/<node>.adopted``: one adopter) and adopts
+  its streams the same way.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ COMPACT_EVERY = 32
 NODES_FILE = "library-nodes"
 #: The first record of a base that carries adopted streams: {"nodes": [...]}.
 NODES_KIND = "library.nodes"
+#: Seconds between a daemon's heartbeats (and its checks for daemons gone).
+HEARTBEAT_SECONDS = 60.0
 PROFILE_KINDS = ("profile.put", "profile.delete")
 CRYSTAL_KINDS = ("crystal", "reuse", "delete", "config")
 
@@ -94,6 +100,7 @@ class LibraryReplicator:
         mode: str,
         node_id: str,
         lag: float,
+        retire_after: float = 3600.0,
     ) -> None:
         self.remote = remote
         self.crystals = crystals
@@ -101,6 +108,9 @@ class LibraryReplicator:
         self.mode = mode
         self.node_id = node_id
         self.lag = lag
+        #: A daemon silent this long is gone: a live one adopts its streams.
+        self.retire_after = retire_after
+        self._heartbeat_at: float | None = None
         self.clock = HybridClock(node_id)
         #: Earlier node IDs whose share of every library this daemon publishes.
         self.adopted: set[str] = set()
@@ -149,6 +159,12 @@ class LibraryReplicator:
         The first round for a tenant (at start) also reads this daemon's own
         stream back and writes its base (`_prepare`).
         """
+        last = self._heartbeat_at
+        if last is None or time.monotonic() - last >= HEARTBEAT_SECONDS:
+            try:
+                self._heartbeat()
+            except StratadError as exc:
+                log.warning("library heartbeat failed: %s", exc.message)
         for tenant in self._all_tenants():
             try:
                 stream = self._stream(tenant)
@@ -246,16 +262,47 @@ class LibraryReplicator:
         )
 
     def _remembered_nodes(self) -> list[str]:
-        """The node IDs this data directory ran under before (and remember this one)."""
+        """The node IDs this data directory answers for: it ran under them, or adopted them."""
         path = self.crystals.store.data_dir / NODES_FILE
         earlier: list[str] = []
         if path.exists():
             for record in journal_mod.read_records(path).records:
                 earlier = [str(node) for node in record.body["nodes"]]
-        if self.node_id not in earlier:
-            nodes = [*earlier, self.node_id]
-            self.crystals.store.rewrite_journal(path, [Record(NODES_KIND, {"nodes": nodes})])
+        self._remember([self.node_id])
         return earlier
+
+    def _heartbeat(self) -> None:
+        """Say this daemon is alive; adopt the streams of daemons silent for too long."""
+        self.remote.write_heartbeat(self.node_id)
+        self._heartbeat_at = time.monotonic()
+        now = time.time()
+        gone = [
+            (node, at)
+            for node, at in self.remote.heartbeats().items()
+            if now - at > self.retire_after and node != self.node_id
+        ]
+        claimed = [n for n, at in gone if self.remote.claim_node(n, at, self.node_id)]
+        if not claimed:
+            return
+        self._adopt(claimed)
+        self._remember(claimed)
+        log.info("adopting the library streams of %s (silent for too long)", claimed)
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:  # the next round writes bases that carry their share
+            with stream.lock:
+                stream.next_seq = None
+
+    def _remember(self, nodes: list[str]) -> None:
+        """Add `nodes` to the IDs this data directory answers for (NODES_FILE)."""
+        path = self.crystals.store.data_dir / NODES_FILE
+        known: list[str] = []
+        if path.exists():
+            for record in journal_mod.read_records(path).records:
+                known = [str(node) for node in record.body["nodes"]]
+        merged = [*known, *(n for n in nodes if n not in known)]
+        if merged != known:
+            self.crystals.store.rewrite_journal(path, [Record(NODES_KIND, {"nodes": merged})])
 
     def _adopt(self, nodes: list[str]) -> None:
         """Publish the share of `nodes` (earlier incarnations of this daemon) from now on."""

@@ -9,6 +9,8 @@ Layout under the configured URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
     tenants/<t>/sessions/<s>/seg/<epoch>-<seq>   journal bytes (records as on disk)
     tenants/<t>/library/<node>/<seq>.seg  crystal and profile records one daemon wrote
     tenants/<t>/library/<node>/<seq>.base that daemon's whole share of the library
+    nodes/<node>                          JSON: when that daemon was last alive
+    nodes/<node>.adopted-<last seen>      JSON: which daemon took over its streams
 
 Objects are content-addressed and uploaded in packs (one PUT per shipping
 round, not one per chunk); a pack's index is written after the pack, so an
@@ -442,6 +444,49 @@ class RemoteTier:
             pass
         except Exception as exc:
             raise _unavailable(f"deleting {path}", exc) from exc
+
+    # -- daemons alive (for the adoption of library streams) ---------------------------
+
+    def write_heartbeat(self, node: str) -> None:
+        body = json.dumps({"node": node, "at": time.time()}).encode()
+        self._put(f"nodes/{urllib.parse.quote(node, safe='')}", body)
+
+    def heartbeats(self) -> dict[str, float]:
+        """node ID -> when it last said it was alive (its wall clock)."""
+        found: dict[str, float] = {}
+        for path in self._list("nodes/"):
+            name = path[len("nodes/") :]
+            if "." in name:
+                continue  # a claim (below)
+            try:
+                found[urllib.parse.unquote(name)] = float(json.loads(self._get(path))["at"])
+            except (RemoteNotFoundError, FileNotFoundError):
+                continue  # adopted meanwhile
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DataLossError(f"heartbeat {path} is damaged: {exc}") from exc
+        return found
+
+    def claim_node(self, node: str, last_seen: float, by: str) -> bool:
+        """Claim the library streams of a daemon that is gone; False if another did first.
+
+        The claim names the heartbeat it judged by: a daemon that comes back
+        under the same ID and goes silent again can be adopted again.
+        """
+        name = urllib.parse.quote(node, safe="")
+        claim = f"nodes/{name}.adopted-{last_seen:.3f}"
+        try:
+            obstore.put(self.store, claim, json.dumps({"by": by}).encode(), mode="create")
+        except (RemotePreconditionError, RemoteExistsError):
+            return False
+        except Exception as exc:
+            raise _unavailable(f"writing {claim}", exc) from exc
+        try:
+            obstore.delete(self.store, f"nodes/{name}")
+        except (RemoteNotFoundError, FileNotFoundError):
+            pass
+        except Exception as exc:
+            raise _unavailable(f"deleting nodes/{name}", exc) from exc
+        return True
 
     # -- plumbing ------------------------------------------------------------------
 
