@@ -344,3 +344,21 @@ def test_the_streams_of_a_daemon_gone_with_its_volume_are_adopted(
     b = daemons("b")
     assert b.crystals.get(TENANT, made.crystal_id) == made
     assert b.profiles.get(TENANT, "hal")["goals"] == ["g"]
+
+
+def test_a_long_outage_cannot_make_the_async_queue_grow_without_bound(
+    daemons: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(library_replication, "MAX_QUEUED_BYTES", 4096)
+    a = daemons("a", mode="async")
+    for n in range(20):  # nothing shipped meanwhile (no round runs)
+        crystallize(a, f"render report page {n} as pdf", f"pdf{n}")
+        a.profiles.update(TENANT, f"u{n}", {"goals": [f"g{n}"]})
+    assert a.library_replicator is not None
+    stream = a.library_replicator._stream(TENANT)
+    assert stream.rebase and stream.queued_bytes <= 4096  # dropped: a base will carry it
+    assert a.library_replicator.status()["library_records_behind"] == 40
+    b = daemons("b")
+    sync(a, b)
+    assert len(library(b)) == 20 and b.profiles.get(TENANT, "u19")["goals"] == ["g19"]
+    assert a.library_replicator.status()["library_records_behind"] == 0

@@ -64,6 +64,9 @@ NODES_FILE = "library-nodes"
 NODES_KIND = "library.nodes"
 #: Seconds between a daemon's heartbeats (and its checks for daemons gone).
 HEARTBEAT_SECONDS = 60.0
+#: Records queued beyond this many bytes (object storage unreachable for long)
+#: are dropped from memory: the next shipment is a base, which holds them all.
+MAX_QUEUED_BYTES = 64 << 20
 PROFILE_KINDS = ("profile.put", "profile.delete")
 CRYSTAL_KINDS = ("crystal", "reuse", "delete", "config")
 
@@ -74,6 +77,9 @@ class _Stream:
 
     #: Encoded records written here and not shipped yet, in journal order.
     queued: list[bytes] = field(default_factory=list)
+    queued_bytes: int = 0
+    #: The queue outgrew MAX_QUEUED_BYTES and was dropped: ship a base instead.
+    rebase: bool = False
     #: Tickets: records published so far, and how many of them are shipped.
     published: int = 0
     shipped: int = 0
@@ -172,7 +178,7 @@ class LibraryReplicator:
                     with stream.lock:
                         if stream.next_seq is None:
                             self._prepare(tenant, stream)
-                if stream.queued:
+                if stream.queued or stream.rebase:
                     self.ship(tenant)
                 self.pull(tenant)
             except StratadError as exc:
@@ -184,9 +190,13 @@ class LibraryReplicator:
         """Queue a record this daemon journaled (under the domain's lock); its ticket."""
         with self._lock:
             stream = self._streams.setdefault(tenant, _Stream())
-            stream.queued.append(data)
             stream.published += 1
             stream.oldest = stream.oldest or time.time()
+            if not stream.rebase:
+                stream.queued.append(data)
+                stream.queued_bytes += len(data)
+            if stream.queued_bytes > MAX_QUEUED_BYTES:
+                stream.queued, stream.queued_bytes, stream.rebase = [], 0, True
             return stream.published
 
     def acknowledge(self, tenant: str, ticket: int) -> None:
@@ -205,8 +215,11 @@ class LibraryReplicator:
             if stream.next_seq is None:
                 self._prepare(tenant, stream)
             with self._lock:
-                records, end = stream.queued, stream.published
-                stream.queued = []
+                records, end, rebase = stream.queued, stream.published, stream.rebase
+                stream.queued, stream.queued_bytes, stream.rebase = [], 0, False
+            if rebase:
+                self._ship_base(tenant, stream, end)
+                return
             if not records:
                 return
             try:
@@ -214,12 +227,29 @@ class LibraryReplicator:
             except BaseException:
                 with self._lock:  # shipped by the next round
                     stream.queued = records + stream.queued
+                    stream.queued_bytes += sum(len(r) for r in records)
                 raise
             with self._lock:
                 stream.shipped = end
                 stream.oldest = time.time() if stream.queued else 0.0
             if stream.since_base >= COMPACT_EVERY:
                 self._write_base(tenant, stream)
+
+    def _ship_base(self, tenant: str, stream: _Stream, end: int) -> None:
+        """Ship the records up to ticket `end` as a base (the queue was dropped; lock held).
+
+        Every record with a ticket up to `end` was applied under its domain's
+        lock before the export below can take that lock, so the base holds it.
+        """
+        try:
+            self._write_base(tenant, stream)
+        except BaseException:
+            with self._lock:
+                stream.rebase = True
+            raise
+        with self._lock:
+            stream.shipped = max(stream.shipped, end)
+            stream.oldest = time.time() if stream.published > end else 0.0
 
     def _prepare(self, tenant: str, stream: _Stream) -> None:
         """Before this daemon's first shipment for `tenant`: read its stream back.
@@ -383,7 +413,7 @@ class LibraryReplicator:
 
     def _tenants_with_queue(self) -> list[str]:
         with self._lock:
-            return [t for t, s in self._streams.items() if s.queued]
+            return [t for t, s in self._streams.items() if s.queued or s.rebase]
 
     def _all_tenants(self) -> list[str]:
         """Tenants in object storage and those this daemon holds a library of."""
