@@ -237,10 +237,10 @@ is within the noise: async adds nothing to the write path).
   storage: one PUT per call here (one client; concurrent writers share a
   segment). `async` ships every `replication_lag_ms` off the write path.
 - The bucket holds this daemon's library stream: after every 32 segments it
-  is rewritten as one base (its live crystals, its reuse counters, the
-  profiles it wrote last), so the object count stays at most 33 per daemon
-  and tenant whatever the number of writes; the bytes are about the live
-  library's.
+  is compacted into one base (its live crystals, its reuse counters, the
+  profiles it wrote last) and the generation before the previous base is
+  deleted, so the object count stays at most 66 per daemon and tenant
+  whatever the number of writes.
 """
 
 

@@ -184,19 +184,37 @@ def test_streams_stay_bounded_and_a_new_daemon_still_gets_everything(
     daemons: Callable[..., Engine], remote: RemoteTier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(library_replication, "COMPACT_EVERY", 4)
-    a = daemons("a")
-    made = [crystallize(a, f"index repository {n} for search", f"idx{n}") for n in range(12)]
+    fetched: list[tuple[str, str]] = []
+    get = remote.get_library_segment
+
+    def counted(tenant: str, node: str, seq: int, kind: str) -> bytes | None:
+        fetched.append((node, kind))
+        return get(tenant, node, seq, kind)
+
+    monkeypatch.setattr(remote, "get_library_segment", counted)
+    a, b = daemons("a"), daemons("b")
+    made = []
+    for n in range(12):
+        made.append(crystallize(a, f"index repository {n} for search", f"idx{n}"))
+        assert b.library_replicator is not None
+        b.library_replicator.sync_all()  # b keeps up, segment by segment
     for crystal in made[:5]:
         a.crystals.record_reuse(TENANT, crystal.crystal_id, True)
     segments = remote.list_library(TENANT)["a"]
-    assert len(segments) <= 5, segments  # one base and at most 4 segments after it
-    assert [kind for _, kind in segments].count("base") == 1
+    # The last two bases and at most 4 segments after each (17 written so far).
+    assert len(segments) <= 2 * 5, segments
+    assert [kind for _, kind in segments].count("snap") <= 2
     status = a.library_replicator.status() if a.library_replicator else {}
     assert status["library_segments"] == len(segments)
     assert status["library_records_behind"] == 0
+    # b merged every segment as it came: it never downloaded a compaction.
+    assert ("a", "snap") not in fetched and ("a", "seg") in fetched
 
-    b = daemons("b")
-    assert library(b) == library(a) and len(library(b)) == 12
+    c = daemons("c")  # a newcomer starts from the compaction
+    assert library(c) == library(a) and len(library(c)) == 12
+    assert ("a", "snap") in fetched
+    sync(a, b)
+    assert library(b) == library(a)
 
 
 def test_a_daemon_that_lost_its_disk_but_kept_its_node_id_keeps_its_share(

@@ -62,6 +62,11 @@ COMPACT_EVERY = 32
 NODES_FILE = "library-nodes"
 #: The first record of a base that carries adopted streams: {"nodes": [...]}.
 NODES_KIND = "library.nodes"
+#: Segment kinds: records shipped ("seg"); a base with everything of the
+#: library its writer answers for ("base": at start, after an adoption or a
+#: dropped queue); a compaction ("snap": restates the earlier segments only).
+SNAPSHOT = "snap"
+BASES = ("base", SNAPSHOT)
 #: Seconds between a daemon's heartbeats (and its checks for daemons gone).
 HEARTBEAT_SECONDS = 60.0
 #: Records queued beyond this many bytes (object storage unreachable for long)
@@ -90,6 +95,9 @@ class _Stream:
     next_seq: int | None = None
     since_base: int = 0
     segments: int = 0
+    #: The last base written: the segments before it are deleted at the next
+    #: base, so that a reader keeping up never has to download a base.
+    last_base: int = -1
     #: Held while shipping (sync writers wait here for each other's uploads).
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -233,7 +241,7 @@ class LibraryReplicator:
                 stream.shipped = end
                 stream.oldest = time.time() if stream.queued else 0.0
             if stream.since_base >= COMPACT_EVERY:
-                self._write_base(tenant, stream)
+                self._write_base(tenant, stream, kind=SNAPSHOT)
 
     def _ship_base(self, tenant: str, stream: _Stream, end: int) -> None:
         """Ship the records up to ticket `end` as a base (the queue was dropped; lock held).
@@ -262,8 +270,9 @@ class LibraryReplicator:
         segments = streams.get(self.node_id, [])
         stream.next_seq = max((seq for seq, _ in segments), default=-1) + 1
         stream.segments = len(segments)
-        bases = [seq for seq, kind in segments if kind == "base"]
-        stream.since_base = sum(seq > max(bases, default=-1) for seq, _ in segments)
+        bases = [seq for seq, kind in segments if kind in BASES]
+        stream.last_base = max(bases, default=-1)
+        stream.since_base = sum(seq > stream.last_base for seq, _ in segments)
         retired = {node: streams[node] for node in self.adopted if node in streams}
         if segments or retired or self._export(tenant):
             self._write_base(tenant, stream)
@@ -272,18 +281,24 @@ class LibraryReplicator:
                 self.remote.delete_library_segment(tenant, node, seq, kind)
             log.info("adopted the library stream of %r (tenant %r)", node, tenant)
 
-    def _write_base(self, tenant: str, stream: _Stream) -> None:
-        """Replace this daemon's stream by one base segment (stream.lock held)."""
+    def _write_base(self, tenant: str, stream: _Stream, *, kind: str = "base") -> None:
+        """Replace this daemon's stream by one base segment (stream.lock held).
+
+        `kind` SNAPSHOT: a compaction, which restates only what the stream's
+        earlier segments hold (a reader that merged them all skips it).
+        """
         base = stream.next_seq
         records = self._export(tenant)
         if self.adopted:
             records.insert(0, Record(NODES_KIND, {"nodes": sorted(self.adopted)}).encode())
-        self._put(tenant, stream, "base", b"".join(records))
-        for seq, kind in self.remote.list_library(tenant).get(self.node_id, []):
-            if base is not None and seq < base:
-                self.remote.delete_library_segment(tenant, self.node_id, seq, kind)
+        self._put(tenant, stream, kind, b"".join(records))
+        for seq, old in self.remote.list_library(tenant).get(self.node_id, []):
+            if seq < stream.last_base:  # the generation before the previous base
+                self.remote.delete_library_segment(tenant, self.node_id, seq, old)
                 stream.segments -= 1
-        self._cursors[(tenant, self.node_id)] = base if base is not None else -1
+        assert base is not None
+        stream.last_base = base
+        self._cursors[(tenant, self.node_id)] = base
 
     def _export(self, tenant: str) -> list[bytes]:
         nodes = {self.node_id, *self.adopted}
@@ -344,7 +359,7 @@ class LibraryReplicator:
         self.remote.put_library_segment(tenant, self.node_id, stream.next_seq, kind, data)
         stream.next_seq += 1
         stream.segments += 1
-        stream.since_base = 0 if kind == "base" else stream.since_base + 1
+        stream.since_base = 0 if kind in BASES else stream.since_base + 1
 
     # -- merging ----------------------------------------------------------------------------
 
@@ -364,11 +379,19 @@ class LibraryReplicator:
 
     def _pull_stream(self, tenant: str, node: str, segments: list[tuple[int, str]]) -> None:
         cursor = self._cursors.get((tenant, node), -1)
-        bases = [seq for seq, kind in segments if kind == "base"]
-        # Fell behind the writer's last base: its older segments may be gone.
-        start = bases[-1] if bases and bases[-1] > cursor else cursor + 1
+        bases = [seq for seq, kind in segments if kind in BASES]
+        listed = {seq for seq, _ in segments}
+        # Go on segment by segment while they are there (compactions are then
+        # skipped); a newcomer, or a reader whose next segment is gone, starts
+        # from the writer's last base.
+        start = cursor + 1
+        if bases and bases[-1] > cursor and (cursor < 0 or start not in listed):
+            start = bases[-1]
         for seq, kind in segments:
             if seq < start:
+                continue
+            if kind == SNAPSHOT and seq == self._cursors.get((tenant, node), -1) + 1:
+                self._cursors[(tenant, node)] = seq  # restates what was merged already
                 continue
             data = self.remote.get_library_segment(tenant, node, seq, kind)
             if data is None:

@@ -9,6 +9,7 @@ Layout under the configured URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
     tenants/<t>/sessions/<s>/seg/<epoch>-<seq>   journal bytes (records as on disk)
     tenants/<t>/library/<node>/<seq>.seg  crystal and profile records one daemon wrote
     tenants/<t>/library/<node>/<seq>.base that daemon's whole share of the library
+    tenants/<t>/library/<node>/<seq>.snap the same, restating its earlier segments
     nodes/<node>                          JSON: when that daemon was last alive
     nodes/<node>.adopted-<last seen>      JSON: which daemon took over its streams
 
@@ -406,13 +407,16 @@ class RemoteTier:
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
 
     def list_library(self, tenant: str) -> dict[str, list[tuple[int, str]]]:
-        """node ID -> its stream's segments as (sequence number, "seg" | "base"), in order."""
+        """node ID -> its stream's segments as (sequence number, kind), in order.
+
+        Kinds (domain/library_replication.py): "seg", "base", "snap".
+        """
         prefix = f"tenants/{tenant}/library/"
         streams: dict[str, list[tuple[int, str]]] = {}
         for path in self._list(prefix):
             node, _, name = path[len(prefix) :].partition("/")
             seq, _, kind = name.partition(".")
-            if kind in ("seg", "base") and seq.isdigit():
+            if kind in ("seg", "base", "snap") and seq.isdigit():
                 streams.setdefault(urllib.parse.unquote(node), []).append((int(seq), kind))
         return {node: sorted(segments) for node, segments in streams.items()}
 
