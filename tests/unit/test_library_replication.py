@@ -380,3 +380,20 @@ def test_a_long_outage_cannot_make_the_async_queue_grow_without_bound(
     sync(a, b)
     assert len(library(b)) == 20 and b.profiles.get(TENANT, "u19")["goals"] == ["g19"]
     assert a.library_replicator.status()["library_records_behind"] == 0
+
+
+def test_two_daemons_with_different_old_versions_agree_on_one(
+    daemons: Callable[..., Engine], tmp_path: Path
+) -> None:
+    for name, goal, limit in (("a", "plan A", 10), ("b", "plan B", 20)):
+        local = Engine(tmp_path / name, fsync_interval=0.02)  # before replication
+        local.open()
+        try:
+            local.profiles.update(TENANT, "ivy", {"goals": [goal]})
+            local.crystals.set_config(TENANT, max_crystals=limit)
+        finally:
+            local.close()
+    a, b = daemons("a"), daemons("b")
+    sync(a, b)
+    assert a.profiles.get(TENANT, "ivy") == b.profiles.get(TENANT, "ivy")
+    assert a.crystals.config(TENANT) == b.crystals.config(TENANT)

@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from stratad import native
 from stratad.domain.ids import validate_id
-from stratad.domain.stamps import LEGACY, Key
+from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Journal, Record
@@ -1246,13 +1246,12 @@ class CrystalLibraries:
         ours = {*nodes, ""}
         out: builtins.list[bytes] = []
         with lib.lock:
-            if lib.config_key[1] in nodes:
+            if lib.config_key == LEGACY and lib.config != LibraryConfig():
+                lib.config_key = legacy_key(dataclasses.astuple(lib.config))  # set before
+            if lib.config_key != LEGACY and (
+                lib.config_key[1] in nodes or is_legacy(lib.config_key[1])
+            ):
                 out.append(self._config_record(lib, lib.config).encode())
-            elif lib.config_key == LEGACY and lib.config != LibraryConfig():
-                # Set before replication: published by whoever has it, just
-                # above "never set", below any config set since.
-                stamp = {"stamp": 1, "node": ""}
-                out.append(self._config_record(lib, lib.config, stamp).encode())
             live = [
                 slot
                 for seq, slot in zip(lib.listed_seq, lib.listed_slot, strict=True)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from stratad.domain import structured as st
 from stratad.domain.ids import validate_id
-from stratad.domain.stamps import LEGACY, Key
+from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Journal, Record
@@ -372,13 +372,12 @@ class Profiles:
         out: list[bytes] = []
         with tp.lock:
             for user_id, profile in tp.profiles.items():
-                stamp, writer = tp.stamps.get(user_id, LEGACY)
-                if writer in nodes or not writer:
-                    # Written before replication: just above "never written",
-                    # below any write since.
-                    stamp = stamp or 1
+                key = tp.stamps.get(user_id, LEGACY)
+                if key == LEGACY:  # written before replication
+                    key = tp.stamps[user_id] = legacy_key(profile)
+                if key[1] in nodes or is_legacy(key[1]):
                     body = {"at": profile["last_updated"], "user_id": user_id, "profile": profile}
-                    origin = {"stamp": stamp, "node": writer}
+                    origin = {"stamp": key[0], "node": key[1]}
                     out.append(Record("profile.put", {**body, **origin}).encode())
             for user_id, (stamp, writer) in tp.tombstones.items():
                 if writer in nodes:

@@ -26,6 +26,7 @@ crystals is the same on every daemon.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,22 @@ _TAG_MASK = (1 << _COUNTER_SHIFT) - 1
 #: replication was on carry none: ``LEGACY``, older than any other.
 Key = tuple[int, str]
 LEGACY: Key = (0, "")
+
+
+def legacy_key(content: object) -> Key:
+    """The key under which state written before replication is published.
+
+    Above "never written" and below any stamped write; the writer is a hash
+    of the content ("~" and 16 hex digits, never a node ID), so that two
+    daemons publishing different old versions of one thing agree on one.
+    """
+    encoded = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    return (1, "~" + hashlib.blake2b(encoded, digest_size=8).hexdigest())
+
+
+def is_legacy(node: str) -> bool:
+    """Is `node` the writer of something written before replication (LEGACY or legacy_key)?"""
+    return not node or node.startswith("~")
 
 
 def node_tag(node_id: str) -> int:
