@@ -262,6 +262,11 @@ def test_a_damaged_segment_is_reported_and_the_other_streams_still_merge(
     crystallize(a, "prune the old container images", "registry")
     sync(a, b)
     assert len(library(b)) == 2
+    verified = b.admin.verify(TENANT)  # Verify names it
+    assert not verified.ok
+    assert verified.remote_damaged_library == [
+        f"{TENANT}/x/000000000000.seg: a record fails its checksum"
+    ]
 
 
 def test_a_library_written_before_replication_is_published_when_it_is_turned_on(

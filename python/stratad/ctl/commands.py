@@ -384,6 +384,8 @@ def cmd_verify(ctl: Ctl, args: argparse.Namespace) -> int:
             lines.append(f"CORRUPT in object storage {c.digest}: {c.problem}")
         for s in report.remote_damaged_sessions:
             lines.append(f"DAMAGED in object storage: session {s}")
+        for s in report.remote_damaged_library_segments:
+            lines.append(f"DAMAGED in object storage: library segment {s}")
         lines.append("ok" if report.ok else "PROBLEMS FOUND")
         return "\n".join(lines)
 

@@ -396,7 +396,7 @@ class LibraryReplicator:
             data = self.remote.get_library_segment(tenant, node, seq, kind)
             if data is None:
                 return  # compacted meanwhile: the next round starts from the new base
-            records = _parse(data)
+            records = parse_segment(data)
             try:
                 if records is None:
                     raise ValueError("a record fails its checksum")
@@ -464,7 +464,7 @@ class LibraryReplicator:
         }
 
 
-def _parse(data: bytes) -> list[tuple[Record, bytes]] | None:
+def parse_segment(data: bytes) -> list[tuple[Record, bytes]] | None:
     """A segment's records with their bytes; None if any fails its checksum."""
     parsed = list(_records(data))
     end = parsed[-1][2] if parsed else 0

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from stratad import native
 from stratad.domain.admin import roots
+from stratad.domain.library_replication import parse_segment
 from stratad.domain.models import SessionState, apply
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
@@ -72,6 +73,8 @@ class RemoteVerifyReport:
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     #: "<session>: problem" for every session whose remote history is damaged.
     damaged_sessions: list[str] = field(default_factory=list)
+    #: "<node>/<segment>: problem" for every damaged tenant-library segment.
+    damaged_library_segments: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -467,6 +470,13 @@ class Replicator:
             problem = self._verify_history(RemoteTier.session_path(tenant, session_id))
             if problem:
                 report.damaged_sessions.append(f"{session_id}: {problem}")
+        for node, segments in sorted(self.remote.list_library(tenant).items()):
+            for seq, kind in segments:
+                data = self.remote.get_library_segment(tenant, node, seq, kind)
+                if data is not None and parse_segment(data) is None:  # None: compacted away
+                    report.damaged_library_segments.append(
+                        f"{node}/{seq:012d}.{kind}: a record fails its checksum"
+                    )
         return report
 
     def _verify_pack(

@@ -163,6 +163,7 @@ class VerifyResponse(_message.Message):
     REMOTE_OBJECTS_CHECKED_FIELD_NUMBER: _builtins.int
     REMOTE_CORRUPT_OBJECTS_FIELD_NUMBER: _builtins.int
     REMOTE_DAMAGED_SESSIONS_FIELD_NUMBER: _builtins.int
+    REMOTE_DAMAGED_LIBRARY_SEGMENTS_FIELD_NUMBER: _builtins.int
     objects_checked: _builtins.int
     ok: _builtins.bool
     """False when anything, local or remote, is corrupt or damaged."""
@@ -182,6 +183,12 @@ class VerifyResponse(_message.Message):
     def remote_damaged_sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """With replication: sessions whose history in object storage does not replay."""
 
+    @_builtins.property
+    def remote_damaged_library_segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With replication: segments of tenant-library streams in object storage
+        (crystals, profiles) that fail their checksums ("<tenant>/<node>/<segment>: problem").
+        """
+
     def __init__(
         self,
         *,
@@ -192,10 +199,11 @@ class VerifyResponse(_message.Message):
         remote_objects_checked: _builtins.int = ...,
         remote_corrupt_objects: _abc.Iterable[Global___CorruptObject] | None = ...,
         remote_damaged_sessions: _abc.Iterable[_builtins.str] | None = ...,
+        remote_damaged_library_segments: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_objects", b"corrupt_objects", "damaged_sessions", b"damaged_sessions", "objects_checked", b"objects_checked", "ok", b"ok", "remote_corrupt_objects", b"remote_corrupt_objects", "remote_damaged_sessions", b"remote_damaged_sessions", "remote_objects_checked", b"remote_objects_checked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_objects", b"corrupt_objects", "damaged_sessions", b"damaged_sessions", "objects_checked", b"objects_checked", "ok", b"ok", "remote_corrupt_objects", b"remote_corrupt_objects", "remote_damaged_library_segments", b"remote_damaged_library_segments", "remote_damaged_sessions", b"remote_damaged_sessions", "remote_objects_checked", b"remote_objects_checked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
