@@ -17,11 +17,13 @@ else's (docs/replication.md, "Tenant libraries"):
   they arrive in: last writer wins per crystal ID, per user profile and for
   the library config; deletions are tombstones; reuse counters are per
   daemon and add up. Every daemon therefore converges to the same library.
-- A stream is bounded: after COMPACT_EVERY segments (and once at start, after
-  catching up with its own stream) a daemon writes a *base*, everything of
-  the library it wrote and that still holds, then deletes its older
-  segments. A reader that fell behind a base starts again from it (merging
-  is idempotent, so reading a record twice changes nothing).
+- A stream is bounded: after COMPACT_EVERY segments (a ``.snap``), and once
+  at start after catching up with its own stream (a ``.base``), a daemon
+  writes everything of the library it wrote and that still holds, then
+  deletes the segments before its previous base. A reader that keeps up
+  reads segment after segment and skips compactions; one that fell behind
+  starts again from the last base (merging is idempotent, so reading a
+  record twice changes nothing).
 - Streams do not pile up with restarts: the data directory remembers the
   node IDs it ran under (NODES_FILE). A daemon *adopts* the earlier ones
   (the default node ID changes with every restart): its base carries their
