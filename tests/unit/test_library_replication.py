@@ -402,3 +402,29 @@ def test_two_daemons_with_different_old_versions_agree_on_one(
     sync(a, b)
     assert a.profiles.get(TENANT, "ivy") == b.profiles.get(TENANT, "ivy")
     assert a.crystals.config(TENANT) == b.crystals.config(TENANT)
+
+
+def test_a_reader_stuck_at_a_damaged_segment_goes_on_from_the_next_base(
+    daemons: Callable[..., Engine], remote: RemoteTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(library_replication, "COMPACT_EVERY", 3)
+    a, b = daemons("a"), daemons("b")
+    crystallize(a, "first of the batch jobs", "j0")
+    sync(a, b)
+    put = remote.put_library_segment
+
+    def rotting(tenant: str, node: str, seq: int, kind: str, data: bytes) -> None:
+        if kind == "seg" and seq == 2:  # the next segment b needs arrives damaged
+            data = data[:-3] + bytes(3)
+        put(tenant, node, seq, kind, data)
+
+    monkeypatch.setattr(remote, "put_library_segment", rotting)
+    crystallize(a, "second of the batch jobs", "j1")
+    sync(a, b)
+    assert b.library_replicator is not None
+    assert b.library_replicator.status()["library_damaged_segments"] == 1
+    assert len(library(b)) == 1  # stuck before the damaged segment
+    for n in range(2, 5):  # a compacts into a snapshot, which b merges instead
+        crystallize(a, f"batch job number {n} of many", f"j{n}")
+    sync(a, b)
+    assert library(b) == library(a) and len(library(b)) == 5

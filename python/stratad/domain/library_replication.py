@@ -384,10 +384,11 @@ class LibraryReplicator:
         bases = [seq for seq, kind in segments if kind in BASES]
         listed = {seq for seq, _ in segments}
         # Go on segment by segment while they are there (compactions are then
-        # skipped); a newcomer, or a reader whose next segment is gone, starts
-        # from the writer's last base.
+        # skipped); a newcomer, or a reader whose next segment is gone or
+        # damaged, starts from the writer's last base.
         start = cursor + 1
-        if bases and bases[-1] > cursor and (cursor < 0 or start not in listed):
+        stuck = start not in listed or (tenant, node, start) in self._damaged
+        if bases and bases[-1] > cursor and (cursor < 0 or stuck):
             start = bases[-1]
         for seq, kind in segments:
             if seq < start:
@@ -405,7 +406,7 @@ class LibraryReplicator:
                 self._merge(tenant, node, records)
             except (KeyError, TypeError, ValueError) as exc:
                 # Immutable, so it stays damaged: the stream is merged again
-                # from its writer's next base (written at its next start).
+                # from its writer's next base.
                 if (tenant, node, seq) in self._damaged:
                     return
                 self._damaged.add((tenant, node, seq))
