@@ -41,22 +41,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stratad.domain.ids import validate_id
 from stratad.domain.stamps import HybridClock
 from stratad.errors import InvalidArgumentError, StratadError
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Record
-from stratad.store.remote import RemoteTier
+from stratad.store.remote import NodeBeat, RemoteTier
 
 if TYPE_CHECKING:
     from stratad.domain.crystals import CrystalLibraries
     from stratad.domain.profiles import Profiles
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Segments a daemon ships after its last base before it writes a new one.
 COMPACT_EVERY = 32
@@ -71,6 +72,10 @@ SNAPSHOT = "snap"
 BASES = ("base", SNAPSHOT)
 #: Seconds between a daemon's heartbeats (and its checks for daemons gone).
 HEARTBEAT_SECONDS = 60.0
+#: Seconds between rounds that list every tenant's streams, not only those
+#: the heartbeats say changed (a safety net: e.g. a daemon that died between
+#: shipping and its heartbeat).
+FULL_SWEEP_SECONDS = 600.0
 #: Records queued beyond this many bytes (object storage unreachable for long)
 #: are dropped from memory: the next shipment is a base, which holds them all.
 MAX_QUEUED_BYTES = 64 << 20
@@ -127,6 +132,11 @@ class LibraryReplicator:
         #: A daemon silent this long is gone: a live one adopts its streams.
         self.retire_after = retire_after
         self._heartbeat_at: float | None = None
+        #: Where our streams ended at the last heartbeat (tenant -> next segment).
+        self._announced: dict[str, int] = {}
+        #: node -> version of its heartbeat last read; when every tenant was listed.
+        self._beats_read: dict[str, str] = {}
+        self._swept_at: float | None = None
         self.clock = HybridClock(node_id)
         #: Earlier node IDs whose share of every library this daemon publishes.
         self.adopted: set[str] = set()
@@ -172,27 +182,69 @@ class LibraryReplicator:
     def sync_all(self) -> None:
         """One round: ship what is queued, merge what other daemons shipped.
 
-        The first round for a tenant (at start) also reads this daemon's own
-        stream back and writes its base (`_prepare`).
+        Which tenants changed elsewhere is read from the other daemons'
+        heartbeats (one LIST, and a GET of each heartbeat that changed), so a
+        round costs a LIST per tenant only for the tenants that changed. Every
+        FULL_SWEEP_SECONDS (and at start) every tenant in the bucket is
+        listed anyway. The first round for a tenant also reads this daemon's
+        own stream back and writes its base (`_prepare`).
         """
-        last = self._heartbeat_at
-        if last is None or time.monotonic() - last >= HEARTBEAT_SECONDS:
-            try:
-                self._heartbeat()
-            except StratadError as exc:
-                log.warning("library heartbeat failed: %s", exc.message)
-        for tenant in self._all_tenants():
-            try:
-                stream = self._stream(tenant)
+        now = time.monotonic()
+        full = self._swept_at is None or now - self._swept_at >= FULL_SWEEP_SECONDS
+        beats = self._try("listing heartbeats", self.remote.heartbeats) or {}
+        due = self._heartbeat_at is None or now - self._heartbeat_at >= HEARTBEAT_SECONDS
+        if due:  # before the tenants: their bases then carry what is adopted
+            self._try("adopting the streams of daemons gone", self._adopt_gone, beats)
+        tenants = self._all_tenants() if full else self._local_tenants()
+        for tenant in tenants:
+            self._try(f"replicating the library of {tenant!r}", self._sync_tenant, tenant, full)
+        if full:
+            self._swept_at = now
+        else:
+            self._pull_changed(beats)
+        if due or self._ends() != self._announced:
+            self._try("writing the heartbeat", self._announce)
+
+    def _sync_tenant(self, tenant: str, pull: bool) -> bool:
+        stream = self._stream(tenant)
+        if stream.next_seq is None:
+            with stream.lock:
                 if stream.next_seq is None:
-                    with stream.lock:
-                        if stream.next_seq is None:
-                            self._prepare(tenant, stream)
-                if stream.queued or stream.rebase:
-                    self.ship(tenant)
-                self.pull(tenant)
-            except StratadError as exc:
-                log.warning("replicating the library of %r failed: %s", tenant, exc.message)
+                    self._prepare(tenant, stream)
+        if stream.queued or stream.rebase:
+            self.ship(tenant)
+        if pull:
+            self.pull(tenant)
+        return True
+
+    def _pull_changed(self, beats: dict[str, NodeBeat]) -> None:
+        """Merge the tenants whose streams other daemons' heartbeats say moved on."""
+        for node, beat in beats.items():
+            if node == self.node_id or self._beats_read.get(node) == beat.version:
+                continue
+            streams = self._try(
+                f"reading the heartbeat of {node!r}", self.remote.read_heartbeat, node
+            )
+            behind = [
+                tenant
+                for tenant, next_seq in (streams or {}).items()
+                if next_seq - 1 > self._cursors.get((tenant, node), -1)
+            ]
+            pulled = [self._try(f"merging the library of {t!r}", self.pull, t) for t in behind]
+            if streams is not None and all(p is not None for p in pulled):
+                self._beats_read[node] = beat.version  # else read it again next round
+
+    def _try(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """`fn(*args)`, or None after logging why (object storage refused, most likely)."""
+        try:
+            return fn(*args)
+        except StratadError as exc:
+            log.warning("%s failed: %s", what, exc.message)
+            return None
+
+    def _ends(self) -> dict[str, int]:
+        with self._lock:
+            return {t: s.next_seq for t, s in self._streams.items() if s.next_seq}
 
     # -- LibraryReplica (called by the crystal and profile domains) ----------------------
 
@@ -318,27 +370,33 @@ class LibraryReplicator:
         self._remember([self.node_id])
         return earlier
 
-    def _heartbeat(self) -> None:
-        """Say this daemon is alive; adopt the streams of daemons silent for too long."""
-        self.remote.write_heartbeat(self.node_id)
-        self._heartbeat_at = time.monotonic()
+    def _announce(self) -> bool:
+        """The heartbeat: this daemon is alive, and where its streams end (once a
+        minute, and whenever a stream moved on)."""
+        ends = self._ends()
+        self.remote.write_heartbeat(self.node_id, ends)
+        self._heartbeat_at, self._announced = time.monotonic(), ends
+        return True
+
+    def _adopt_gone(self, beats: dict[str, NodeBeat]) -> bool:
+        """Claim the daemons silent for longer than `retire_after`; adopt their streams."""
         now = time.time()
         gone = [
-            (node, at)
-            for node, at in self.remote.heartbeats().items()
-            if now - at > self.retire_after and node != self.node_id
+            (node, beat.seen)
+            for node, beat in beats.items()
+            if now - beat.seen > self.retire_after and node != self.node_id
         ]
-        claimed = [n for n, at in gone if self.remote.claim_node(n, at, self.node_id)]
-        if not claimed:
-            return
-        self._adopt(claimed)
-        self._remember(claimed)
-        log.info("adopting the library streams of %s (silent for too long)", claimed)
-        with self._lock:
-            streams = list(self._streams.values())
-        for stream in streams:  # the next round writes bases that carry their share
-            with stream.lock:
-                stream.next_seq = None
+        claimed = [n for n, seen in gone if self.remote.claim_node(n, seen, self.node_id)]
+        if claimed:
+            self._adopt(claimed)
+            self._remember(claimed)
+            log.info("adopting the library streams of %s (silent for too long)", claimed)
+            with self._lock:
+                streams = list(self._streams.values())
+            for stream in streams:  # bases written next carry their share
+                with stream.lock:
+                    stream.next_seq = None
+        return True
 
     def _remember(self, nodes: list[str]) -> None:
         """Add `nodes` to the IDs this data directory answers for (NODES_FILE)."""
@@ -436,6 +494,13 @@ class LibraryReplicator:
     def _stream(self, tenant: str) -> _Stream:
         with self._lock:
             return self._streams.setdefault(tenant, _Stream())
+
+    def _local_tenants(self) -> list[str]:
+        """Tenants this daemon has a stream or a library of."""
+        with self._lock:
+            names = set(self._streams)
+        names.update(self.crystals.tenants(), self.profiles.tenants())
+        return sorted(names)
 
     def _tenants_with_queue(self) -> list[str]:
         with self._lock:

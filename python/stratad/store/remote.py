@@ -10,7 +10,7 @@ Layout under the configured URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
     tenants/<t>/library/<node>/<seq>.seg  crystal and profile records one daemon wrote
     tenants/<t>/library/<node>/<seq>.base that daemon's whole share of the library
     tenants/<t>/library/<node>/<seq>.snap the same, restating its earlier segments
-    nodes/<node>                          JSON: when that daemon was last alive
+    nodes/<node>                          JSON: that daemon's heartbeat and stream ends
     nodes/<node>.adopted-<last seen>      JSON: which daemon took over its streams
 
 Objects are content-addressed and uploaded in packs (one PUT per shipping
@@ -105,6 +105,16 @@ class Head:
             )  # fmt: skip
         except (ValueError, KeyError, TypeError) as exc:
             raise DataLossError(f"a remote session HEAD is damaged: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class NodeBeat:
+    """A daemon's heartbeat as listed: when it was written, and its version."""
+
+    #: Seconds since the epoch, by object storage's clock.
+    seen: float
+    #: Changes with every heartbeat (e-tag): read it again only then.
+    version: str
 
 
 @dataclass(frozen=True)
@@ -451,24 +461,37 @@ class RemoteTier:
 
     # -- daemons alive (for the adoption of library streams) ---------------------------
 
-    def write_heartbeat(self, node: str) -> None:
-        body = json.dumps({"node": node, "at": time.time()}).encode()
+    def write_heartbeat(self, node: str, streams: dict[str, int]) -> None:
+        """Say `node` is alive, and how far its library streams go (tenant -> next segment)."""
+        body = json.dumps({"node": node, "at": time.time(), "streams": streams}).encode()
         self._put(f"nodes/{urllib.parse.quote(node, safe='')}", body)
 
-    def heartbeats(self) -> dict[str, float]:
-        """node ID -> when it last said it was alive (its wall clock)."""
-        found: dict[str, float] = {}
-        for path in self._list("nodes/"):
-            name = path[len("nodes/") :]
+    def heartbeats(self) -> dict[str, NodeBeat]:
+        """node ID -> when object storage last got its heartbeat (one LIST, no GET)."""
+        try:
+            metas = [m for batch in obstore.list(self.store, "nodes/") for m in batch]
+        except Exception as exc:
+            raise _unavailable("listing nodes/", exc) from exc
+        found: dict[str, NodeBeat] = {}
+        for meta in metas:
+            name = meta["path"][len("nodes/") :]
             if "." in name:
                 continue  # a claim (below)
-            try:
-                found[urllib.parse.unquote(name)] = float(json.loads(self._get(path))["at"])
-            except (RemoteNotFoundError, FileNotFoundError):
-                continue  # adopted meanwhile
-            except (ValueError, KeyError, TypeError) as exc:
-                raise DataLossError(f"heartbeat {path} is damaged: {exc}") from exc
+            seen = meta["last_modified"].timestamp()
+            version = str(meta.get("e_tag") or meta.get("version") or seen)
+            found[urllib.parse.unquote(name)] = NodeBeat(seen, version)
         return found
+
+    def read_heartbeat(self, node: str) -> dict[str, int] | None:
+        """A daemon's streams (tenant -> next segment); None if it was adopted meanwhile."""
+        path = f"nodes/{urllib.parse.quote(node, safe='')}"
+        try:
+            body = json.loads(self._get(path))
+            return {str(t): int(n) for t, n in body.get("streams", {}).items()}
+        except (RemoteNotFoundError, FileNotFoundError):
+            return None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DataLossError(f"heartbeat {path} is damaged: {exc}") from exc
 
     def claim_node(self, node: str, last_seen: float, by: str) -> bool:
         """Claim the library streams of a daemon that is gone; False if another did first.
