@@ -11,12 +11,14 @@ else's (docs/replication.md, "Tenant libraries"):
   ``tenants/<t>/library/<node>/<seq>.seg`` (a conditional create: two
   daemons with one node ID are refused). `sync`: the write is acknowledged
   once its segment is in object storage; `async`: every `lag` seconds.
-- Every `lag` seconds (and at start) a daemon lists the tenants' streams and
-  merges the segments it has not applied yet. Records carry hybrid-clock
-  stamps (domain/stamps.py) and merge deterministically, whatever the order
-  they arrive in: last writer wins per crystal ID, per user profile and for
-  the library config; deletions are tombstones; reuse counters are per
-  daemon and add up. Every daemon therefore converges to the same library.
+- Every `lag` seconds a daemon reads which streams moved on from the other
+  daemons' heartbeats (``nodes/<node>``: where each of its streams ends),
+  lists those tenants' streams and merges the segments it has not applied
+  yet (at start, and every FULL_SWEEP_SECONDS, every tenant's). Records
+  carry hybrid-clock stamps (domain/stamps.py) and merge deterministically,
+  whatever the order they arrive in: last writer wins per crystal ID, per
+  user profile and for the library config; deletions are tombstones; reuse
+  counters are per daemon and add up. Every daemon therefore converges to the same library.
 - A stream is bounded: after COMPACT_EVERY segments (a ``.snap``), and once
   at start after catching up with its own stream (a ``.base``), a daemon
   writes everything of the library it wrote and that still holds, then
@@ -32,7 +34,7 @@ else's (docs/replication.md, "Tenant libraries"):
   deleted. A daemon that is gone with its data directory (a pod replaced on
   an empty volume) stops writing its heartbeat (``nodes/<node>``); once it
   has been silent for `retire_after` seconds, a live daemon claims it
-  (conditional create of ``nodes/<node>.adopted``: one adopter) and adopts
+  (conditional create of ``nodes/<node>.adopted-*``: one adopter) and adopts
   its streams the same way.
 """
 
