@@ -8,7 +8,13 @@ SeaweedFS on loopback, started by scripts/s3-test-server.sh (built and
 cached in .tools/ on first use). Reports checkpoints/s, median and p99 save
 latency, bytes on the local disk and bytes (and objects) in the bucket.
 
+With --library, the tenant-library writes instead (docs/replication.md,
+"Tenant libraries"): Crystallize, RecordReuse and UpdateProfile through gRPC
+by one client, off / async / sync, and what the library streams leave in the
+bucket (bounded by their bases).
+
 Usage: python bench/replication.py [--steps N] [--quick]   (--quick: 200 steps, no doc update)
+       python bench/replication.py --library [--ops N] [--quick]
 """
 
 from __future__ import annotations
@@ -43,10 +49,12 @@ from _report import (
 )
 
 import stratad
+from stratad.api.v1 import crystal_pb2, crystal_pb2_grpc, profile_pb2, profile_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "s3-test-server.sh"
 HEADING = "## Replication (bench/replication.py)"
+LIBRARY_HEADING = "## Replication of tenant libraries (bench/replication.py --library)"
 BUCKET = "stratad-test"
 ACCESS_KEY, SECRET_KEY = "stratad-test", "stratad-test-secret"
 
@@ -149,18 +157,116 @@ def table(results: list[Result]) -> str:
     return markdown_table(headers, rows)
 
 
+@dataclass
+class LibraryResult:
+    mode: str
+    #: Seconds per call, by RPC.
+    latencies: dict[str, list[float]]
+    remote_bytes: int
+    remote_objects: int
+
+
+def run_library(mode: str, ops: int, endpoint: str, tmp: Path) -> LibraryResult:
+    """`ops` rounds of Crystallize + RecordReuse + UpdateProfile, one client."""
+    prefix = f"bench-library-{mode}-{int(time.time())}"
+    extra = [] if mode == "off" else [
+        "--replication", mode, "--remote-url", f"s3://{BUCKET}/{prefix}",
+        "--replication-lag-ms", "1000",
+    ]  # fmt: skip
+    latencies: dict[str, list[float]] = {"Crystallize": [], "RecordReuse": [], "UpdateProfile": []}
+    with daemon(tmp / f"library-{mode}", *extra) as address, stratad.Client(address) as client:
+        crystals = crystal_pb2_grpc.CrystalServiceStub(client.channel)
+        profiles = profile_pb2_grpc.ProfileServiceStub(client.channel)
+        no_eviction = crystal_pb2.SetCrystalLibraryConfigRequest(max_crystals=10 * ops)
+        client.call(crystals.SetCrystalLibraryConfig, no_eviction)
+        first = ""
+        for i in range(ops):
+            step = crystal_pb2.TraceStep(decision=f"step {i}", tool=f"tool-{i}")  # novel tools
+            calls = [
+                ("Crystallize", crystals.Crystallize, crystal_pb2.CrystallizeRequest(
+                    goal=f"handle request kind {i} for the billing team", success_score=0.9,
+                    execution_trace=[step], session_id="bench")),
+                ("RecordReuse", crystals.RecordReuse,
+                 crystal_pb2.RecordReuseRequest(crystal_id=first, success=i % 2 == 0)),
+                ("UpdateProfile", profiles.UpdateProfile, profile_pb2.UpdateProfileRequest(
+                    user_id=f"user-{i % 50}", goals=[f"goal {i}"], interests=[f"topic {i}"])),
+            ]  # fmt: skip
+            for name, method, request in calls if first else calls[:1]:
+                started = time.perf_counter()
+                response = client.call(method, request)
+                latencies[name].append(time.perf_counter() - started)
+                if not first:
+                    first = response.crystal.crystal_id
+        if mode == "async":
+            time.sleep(2.5)  # two shipping periods: everything is in the bucket
+    remote, objects = remote_usage(endpoint, prefix) if mode != "off" else (0, 0)
+    return LibraryResult(mode, latencies, remote, objects)
+
+
+def library_table(results: list[LibraryResult]) -> str:
+    rows = []
+    for r in results:
+        row = [r.mode if r.mode != "off" else "off (local only)"]
+        for calls in r.latencies.values():
+            row.append(
+                f"{len(calls) / sum(calls):,.0f}/s, p50 {median(calls) * 1000:.2f} ms, "
+                f"p99 {percentile(calls, 99) * 1000:.2f} ms"
+            )
+        row.append(fmt_bytes(r.remote_bytes) if r.mode != "off" else "-")
+        row.append(f"{r.remote_objects:,}" if r.mode != "off" else "-")
+        rows.append(row)
+    headers = ["replication", "Crystallize", "RecordReuse", "UpdateProfile",
+               "library in object storage", "objects"]  # fmt: skip
+    return markdown_table(headers, rows)
+
+
+def library_section(ops: int, text: str) -> str:
+    return f"""{LIBRARY_HEADING}
+
+{machine_facts()}. `python bench/replication.py --library --ops {ops}`. One client
+calls Crystallize (a novel crystal each time), RecordReuse (of the first
+crystal) and UpdateProfile (50 users in turn) {ops} times each through gRPC
+(fsync on), on three daemons in the same run: replication off, async and sync;
+object storage is SeaweedFS on loopback (scripts/s3-test-server.sh). On a
+shared 2-core machine only large differences mean something (off vs async
+is within the noise: async adds nothing to the write path).
+
+{text}
+
+- `sync` acknowledges each write once a segment holding it is in object
+  storage: one PUT per call here (one client; concurrent writers share a
+  segment). `async` ships every `replication_lag_ms` off the write path.
+- The bucket holds this daemon's library stream: after every 32 segments it
+  is compacted into one base (its live crystals, its reuse counters, the
+  profiles it wrote last) and the generation before the previous base is
+  deleted, so the object count stays at most 66 per daemon and tenant
+  whatever the number of writes.
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--library", action="store_true", help="tenant-library writes instead")
+    parser.add_argument("--ops", type=int, default=500, help="--library: calls of each RPC")
     parser.add_argument("--quick", action="store_true", help="200 steps, no doc update")
     args = parser.parse_args()
     steps = 200 if args.quick else args.steps
+    modes = ("off", "async", "sync")
     with tempfile.TemporaryDirectory() as name, s3_server(Path(name)) as endpoint:
         os.environ.update({
             "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true",
         })  # fmt: skip
-        results = [run(mode, steps, endpoint, Path(name)) for mode in ("off", "async", "sync")]
+        if args.library:
+            ops = 100 if args.quick else args.ops
+            lib_results = [run_library(mode, ops, endpoint, Path(name)) for mode in modes]
+            text = library_table(lib_results)
+            print(text)
+            if not args.quick:
+                write_section(LIBRARY_HEADING, library_section(ops, text))
+            return
+        results = [run(mode, steps, endpoint, Path(name)) for mode in modes]
     text = table(results)
     print(text)
     if args.quick:

@@ -527,7 +527,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "replication_gc_grace_seconds",
         _number(float, 0),
         "CollectGarbage in object storage: seconds between condemning an unreferenced pack "
-        "and deleting it; longer than any daemon may hold writes it has not shipped",
+        "and deleting it; longer than any daemon may hold writes it has not shipped (also: "
+        "a daemon silent this long has its library streams adopted)",
         "SECONDS",
     ),
     Option(

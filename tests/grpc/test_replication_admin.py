@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
-from stratad.api.v1 import admin_pb2, checkpoint_pb2
+from stratad.api.v1 import admin_pb2, checkpoint_pb2, crystal_pb2, crystal_pb2_grpc
 from stratad.store.objects import pack_entries
 
 if TYPE_CHECKING:
@@ -33,6 +33,24 @@ def test_replication_status_reports_mode_owner_and_backlog(replicating: Api) -> 
     )
     assert (status.mode, status.node_id, status.sessions_owned) == ("sync", "node-1", 1)
     assert status.bytes_behind == 0 and status.lag_seconds == 0
+    assert status.library_segments == 0  # nothing of the library written yet
+
+
+def test_replication_status_counts_the_library_stream(replicating: Api) -> None:
+    crystals = crystal_pb2_grpc.CrystalServiceStub(replicating.channel)
+    step = crystal_pb2.TraceStep(decision="search", tool="web")
+    replicating.call(
+        crystals.Crystallize,
+        crystal_pb2.CrystallizeRequest(
+            goal="find flights", execution_trace=[step], success_score=1
+        ),
+    )
+    status = replicating.call(
+        replicating.admin.GetReplicationStatus, admin_pb2.GetReplicationStatusRequest()
+    )
+    # Sync: acknowledged once shipped; the first shipment also wrote the stream's base.
+    assert status.library_records_behind == 0 and status.library_lag_seconds == 0
+    assert status.library_segments == 2 and status.library_damaged_segments == 0
 
 
 def test_a_damaged_local_copy_is_repaired_from_object_storage(replicating: Api) -> None:

@@ -577,6 +577,8 @@ def cmd_verify(ctl: Ctl, args: argparse.Namespace) -> int:
             lines.append(f"CORRUPT in object storage {c.digest}: {c.problem}")
         for s in report.remote_damaged_sessions:
             lines.append(f"DAMAGED in object storage: session {s}")
+        for s in report.remote_damaged_library_segments:
+            lines.append(f"DAMAGED in object storage: library segment {s}")
         lines.append("ok" if report.ok else "PROBLEMS FOUND")
         return "\n".join(lines)
 
@@ -634,6 +636,10 @@ def cmd_replication_status(ctl: Ctl, args: argparse.Namespace) -> int:
             f"objects queued:  {s.objects_queued}",
             f"lag:             {s.lag_seconds:.3f}s",
             f"last shipment:   {s.last_shipment_seconds:.3f}s",
+            f"library behind:  {s.library_records_behind} records "
+            f"(lag {s.library_lag_seconds:.3f}s)",
+            f"library streams: {s.library_segments} segments, "
+            f"{s.library_damaged_segments} damaged segments seen",
         ]
     )
     ctl.emit(to_dict(s), text)

@@ -46,11 +46,13 @@ class VerifyReport:
     remote_objects_checked: int = 0
     remote_corrupt: list[CorruptObject] = field(default_factory=list)
     remote_damaged_sessions: list[str] = field(default_factory=list)
+    remote_damaged_library: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         local_ok = not self.corrupt and not self.damaged_sessions
-        return local_ok and not self.remote_corrupt and not self.remote_damaged_sessions
+        remote_ok = not self.remote_corrupt and not self.remote_damaged_sessions
+        return local_ok and remote_ok and not self.remote_damaged_library
 
 
 @dataclass
@@ -184,7 +186,8 @@ class Admin:
 
     def _verify(self, tenant: str) -> VerifyReport:
         report = VerifyReport()
-        for store in self._tenants(tenant):
+        stores = self._tenants(tenant)
+        for store in stores:
             bad: dict[str, CorruptObject] = {}
             for digest in store.objects.digests():
                 report.objects_checked += 1
@@ -196,7 +199,10 @@ class Admin:
             for live in self.sessions.sessions_of(store.name):
                 if live.damaged:
                     report.damaged_sessions.append(f"{store.name}/{live.state.session_id}")
-            self._verify_remote(store.name, report)
+        # Object storage may hold a tenant this daemon has nothing of locally
+        # (e.g. only its crystal library, which has no objects).
+        for name in dict.fromkeys([*(s.name for s in stores), *([tenant] if tenant else [])]):
+            self._verify_remote(name, report)
         return report
 
     def _verify_remote(self, tenant: str, report: VerifyReport) -> None:
@@ -207,6 +213,9 @@ class Admin:
         report.remote_objects_checked += remote.objects_checked
         report.remote_corrupt.extend(CorruptObject(tenant, d, p) for d, p in remote.corrupt)
         report.remote_damaged_sessions.extend(f"{tenant}/{s}" for s in remote.damaged_sessions)
+        report.remote_damaged_library.extend(
+            f"{tenant}/{s}" for s in remote.damaged_library_segments
+        )
 
     def _attribute(
         self, store: TenantStore, bad: dict[str, CorruptObject], report: VerifyReport

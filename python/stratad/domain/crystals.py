@@ -56,6 +56,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import builtins
 import collections
 import contextlib
 import dataclasses
@@ -71,17 +72,21 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from stratad import native
 from stratad.domain.ids import validate_id
+from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
+
+if TYPE_CHECKING:
+    from stratad.domain.stamps import LibraryReplica
 
 log = logging.getLogger(__name__)
 
@@ -316,8 +321,11 @@ class _Encoded(Record):
         return [self.data]
 
 
-def _crystal_body(crystal: Crystal, seq: int) -> dict[str, Any]:
+def _crystal_body(crystal: Crystal, seq: int, node: str | None = None) -> dict[str, Any]:
+    """A `crystal` record's body; `node` (the writer) only when the library replicates."""
+    origin = {} if node is None else {"node": node}
     return {
+        **origin,
         "id": crystal.crystal_id,
         "seq": seq,
         "goal_template": crystal.goal_template,
@@ -386,6 +394,24 @@ class _Library:
     reused: int = 0
     id_bytes: int = 0
     damaged: str = ""
+    #: The replication ticket of the last record this daemon appended (see _append).
+    ticket: int = 0
+    # -- replication (docs/replication.md, "Tenant libraries") ---------------------
+    #: The daemon that created each slot's crystal ("" before replication).
+    node_at: list[str] = field(default_factory=list)
+    #: Each slot's success score (effectiveness is recomputed from it and the counters).
+    score_at: array[float] = field(default_factory=lambda: array("d"))
+    #: slot -> daemon -> (reuses, successes) that daemon recorded: counters of
+    #: several daemons add up, so concurrent RecordReuse calls all count.
+    contrib: dict[int, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    contrib_entries: int = 0
+    #: crystal ID -> stamp of its deletion: a creation stamped before it stays dead.
+    tombstones: dict[str, Key] = field(default_factory=dict)
+    #: The stamp of the config in force (last writer wins).
+    config_key: Key = LEGACY
+    #: Counters that arrived before their crystal (crystal ID -> daemon -> (seq, reuses,
+    #: successes)); applied when it arrives. Not journaled: a restart pulls them again.
+    pending: dict[str, dict[str, tuple[int, int, int]]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -398,17 +424,27 @@ class _Library:
         tokens = native.tokenize(body["goal_template"])
         slot = self.index.add(seq, tokens, body["tool_sequence"], score, 0)
         values = (crystal_id, seq, score, 0, offset, size)
+        node = body.get("node", "")
         if slot == len(self.id_at):
             self.id_at.append(crystal_id)
+            self.node_at.append(node)
+            self.score_at.append(score)
             for column, value in zip(self._columns(), values[1:], strict=True):
                 column.append(value)
         else:
             self.id_at[slot] = crystal_id
+            self.node_at[slot] = node
+            self.score_at[slot] = score
             for column, value in zip(self._columns(), values[1:], strict=True):
                 column[slot] = value
         self.ids[crystal_id] = slot
-        self.listed_seq.append(seq)
-        self.listed_slot.append(slot)
+        if not self.listed_seq or seq >= self.listed_seq[-1]:
+            self.listed_seq.append(seq)
+            self.listed_slot.append(slot)
+        else:  # a crystal another daemon created earlier (replication) arrived late
+            at = bisect.bisect_right(self.listed_seq, seq)
+            self.listed_seq.insert(at, seq)
+            self.listed_slot.insert(at, slot)
         self.next_seq = max(self.next_seq, seq + 1)
         self.live_bytes += size
         self.id_bytes += sys.getsizeof(crystal_id)
@@ -427,6 +463,7 @@ class _Library:
     def discard(self, crystal_id: str) -> None:
         slot = self.ids.pop(crystal_id)
         self.index.remove(slot)
+        self.contrib_entries -= len(self.contrib.pop(slot, {}))
         self.removals += 1
         self.live_bytes -= self.size_at[slot]
         if self.reuses_at[slot]:
@@ -447,6 +484,55 @@ class _Library:
         self.listed_seq = array("q", (seq for seq, _ in keep))
         self.listed_slot = array("q", (slot for _, slot in keep))
         self.listed_holes = 0
+
+    # -- replication merges (lock held; docs/replication.md) ----------------------
+
+    def key_of(self, slot: int) -> Key:
+        return (self.seq_at[slot], self.node_at[slot])
+
+    def contributions(self, slot: int) -> dict[str, tuple[int, int]]:
+        """The slot's counters per daemon; reuses from before replication count as daemon ""."""
+        found = self.contrib.get(slot)
+        if found is None:
+            found = {}
+            reuses = self.reuses_at[slot]
+            if reuses:
+                total = self.effectiveness_at[slot] * (1 + reuses) - self.score_at[slot]
+                found[""] = (reuses, max(0, min(reuses, round(total))))
+            self.contrib[slot] = found
+            self.contrib_entries += len(found)
+        return found
+
+    def add_reuses(self, slot: int, node: str, reuses: int, successes: int) -> bool:
+        """Take daemon `node`'s counters (cumulative, so a repeat is a no-op); changed?"""
+        mine = self.contributions(slot)
+        if reuses <= mine.get(node, (0, 0))[0]:
+            return False
+        self.contrib_entries += node not in mine
+        mine[node] = (reuses, successes)
+        total = sum(r for r, _ in mine.values())
+        won = sum(s for _, s in mine.values())
+        # The running average of docs/crystals.md, computed from its sums, so
+        # that the order in which daemons' counters arrive cannot change it.
+        effectiveness = min(1.0, max(0.0, (self.score_at[slot] + won) / (1 + total)))
+        self.set_reuse(slot, effectiveness, total)
+        return True
+
+    def buried(self, crystal_id: str, key: Key) -> bool:
+        """Was the crystal created at `key` deleted afterwards?"""
+        tomb = self.tombstones.get(crystal_id)
+        return tomb is not None and key <= tomb
+
+    def bury(self, crystal_id: str, key: Key) -> bool:
+        """A deletion stamped `key`; changed? (It kills a creation stamped before it.)"""
+        if key <= self.tombstones.get(crystal_id, LEGACY):
+            return False
+        self.tombstones[crystal_id] = key
+        self.pending.pop(crystal_id, None)
+        slot = self.ids.get(crystal_id)
+        if slot is not None and self.key_of(slot) < key:
+            self.discard(crystal_id)
+        return True
 
     def slot_of(self, crystal_id: str) -> int:
         slot = self.ids.get(crystal_id)
@@ -513,6 +599,8 @@ class CrystalLibraries:
         self._lock = threading.Lock()
         self._libraries: dict[str, _Library] = {}
         self._closed = False
+        #: Set when tenant libraries replicate to object storage (domain/library_replication.py).
+        self.replica: LibraryReplica | None = None
 
     # -- recovery ----------------------------------------------------------------
 
@@ -566,25 +654,87 @@ class CrystalLibraries:
         lib.journal = self.store.open_journal(path)
         lib.read_fd = os.open(path, os.O_RDONLY)
 
-    @staticmethod
-    def _apply(lib: _Library, record: Record, offset: int, size: int) -> None:
+    def _apply(self, lib: _Library, record: Record, offset: int, size: int) -> None:
+        """Apply one journal record (replay, or a record another daemon wrote).
+
+        Records with a stamp (written while the library replicates) merge by
+        the rules of docs/replication.md: last writer wins per crystal ID and
+        for the config, deletions are tombstones, reuse counters add up per
+        daemon. Records without one (before replication) apply in order.
+        """
         body = record.body
+        if self.replica is not None:
+            self.replica.clock.observe(_stamp_of(record))
         if record.kind == "crystal":
-            if body["id"] in lib.ids:  # never written twice; a repeat would be damage
-                raise DataLossError(f"crystal {body['id']!r} is created twice in its journal")
-            lib.insert(body, offset, size)
+            crystal_id = body["id"]
+            key = (body["seq"], body.get("node", ""))
+            if lib.buried(crystal_id, key):
+                return  # deleted after it was created
+            slot = lib.ids.get(crystal_id)
+            if slot is not None:
+                if "node" not in body:  # never written twice; a repeat would be damage
+                    raise DataLossError(f"crystal {crystal_id!r} is created twice in its journal")
+                if key <= lib.key_of(slot):
+                    return
+                lib.discard(crystal_id)  # two daemons made this ID: the later one wins
+            slot = lib.insert(body, offset, size)
+            for node, (seq, reuses, successes) in lib.pending.pop(crystal_id, {}).items():
+                if seq == body["seq"]:
+                    lib.add_reuses(slot, node, reuses, successes)
         elif record.kind == "reuse":
             slot = lib.ids.get(body["id"])
-            if slot is not None:
+            if "node" in body:
+                self._apply_counters(lib, body, slot)
+            elif slot is not None:
                 lib.set_reuse(slot, body["effectiveness"], body["reuse_count"])
         elif record.kind == "delete":
-            if body["id"] in lib.ids:
+            if "stamp" in body:
+                lib.bury(body["id"], (body["stamp"], body["node"]))
+            elif body["id"] in lib.ids:
                 lib.discard(body["id"])
         elif record.kind == "config":
-            lib.config = LibraryConfig(body["max_crystals"], body["min_success_score"])
+            key = (body["stamp"], body["node"]) if "stamp" in body else LEGACY
+            if key == LEGACY or key > lib.config_key:
+                lib.config = LibraryConfig(body["max_crystals"], body["min_success_score"])
+                lib.config_key = key
             lib.next_seq = max(lib.next_seq, body["next_seq"])
         else:
             raise DataLossError(f"crystal journal record of unknown kind {record.kind!r}")
+
+    @staticmethod
+    def _apply_counters(lib: _Library, body: dict[str, Any], slot: int | None) -> None:
+        node, seq = body["node"], body["seq"]
+        reuses, successes = body["reuses"], body["successes"]
+        if slot is not None and lib.seq_at[slot] == seq:
+            lib.add_reuses(slot, node, reuses, successes)
+        elif slot is None and body["id"] not in lib.tombstones:
+            waiting = lib.pending.setdefault(body["id"], {})
+            if reuses > waiting.get(node, (0, 0, 0))[1]:
+                waiting[node] = (seq, reuses, successes)
+
+    @staticmethod
+    def _changes(lib: _Library, record: Record) -> bool:
+        """Would applying this record (another daemon's) change the library? (lock held)"""
+        body = record.body
+        kind = record.kind
+        if kind == "crystal":
+            key = (body["seq"], body.get("node", ""))
+            slot = lib.ids.get(body["id"])
+            if lib.buried(body["id"], key):
+                return False
+            return slot is None or (key > lib.key_of(slot) and "node" in body)
+        if kind == "reuse":
+            slot = lib.ids.get(body["id"])
+            if "node" not in body or slot is None or lib.seq_at[slot] != body["seq"]:
+                return False
+            return bool(body["reuses"] > lib.contributions(slot).get(body["node"], (0, 0))[0])
+        if kind == "delete":
+            return "stamp" in body and (body["stamp"], body["node"]) > lib.tombstones.get(
+                body["id"], LEGACY
+            )
+        if kind == "config":
+            return "stamp" in body and (body["stamp"], body["node"]) > lib.config_key
+        raise DataLossError(f"crystal record of unknown kind {kind!r}")
 
     def close(self) -> None:
         """Stop compacting and release read handles (the store closes the journals)."""
@@ -628,10 +778,35 @@ class CrystalLibraries:
         return lib.journal
 
     def _append(self, lib: _Library, record: Record) -> tuple[int, int]:
-        """Append `record` (lock held); return its offset and size."""
+        """Append `record` this daemon wrote (lock held); return its offset and size.
+
+        With replication, the record is also queued for this daemon's library
+        stream in object storage (`lib.ticket` says when it is shipped).
+        """
         data = record.encode()
         end = self._journal(lib).append(_Encoded(data))
+        if self.replica is not None:
+            lib.ticket = self.replica.published(lib.tenant, data)
         return end - len(data), len(data)
+
+    def _acknowledge(self, tenant: str, ticket: int) -> None:
+        """After the local fsync: `sync` replication waits here for object storage."""
+        if self.replica is not None and ticket:
+            self.replica.acknowledge(tenant, ticket)
+
+    def _id_tag(self) -> str:
+        """With replication, IDs end in the daemon's tag: two daemons crystallizing for
+        one session in the same millisecond must not make the same ID."""
+        return "" if self.replica is None else f"_{self.replica.clock.tag:04x}"
+
+    def _stamped(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` with a stamp and this daemon's node ID, when the library replicates."""
+        if self.replica is None:
+            return body
+        return {**body, "stamp": self.replica.clock.now(), "node": self.replica.node_id}
+
+    def _delete_record(self, crystal_id: str, why: str) -> Record:
+        return Record("delete", self._stamped({"id": crystal_id, "why": why}))
 
     # -- Crystallize -------------------------------------------------------------
 
@@ -671,33 +846,50 @@ class CrystalLibraries:
                 GOAL_SIMILARITY_THRESHOLD,
                 TOOL_SIMILARITY_THRESHOLD,
             )
-            if similar is not None:
-                slot, goal_similarity, tool_similarity = similar
-                similar_id = lib.id_at[slot]
-                assert similar_id is not None
-                return CrystallizeResult(
-                    Outcome.NOT_NOVEL,
-                    threshold,
-                    similar_crystal_id=similar_id,
-                    goal_similarity=goal_similarity,
-                    tool_similarity=tool_similarity,
-                )
-            created_at = self.clock()
-            crystal_id = base = crystal_id_base(session_id, created_at)
-            suffix = 2
-            while crystal_id in lib.ids:
-                crystal_id, suffix = f"{base}-{suffix}", suffix + 1
-            crystal = dataclasses.replace(draft, crystal_id=crystal_id, created_at=created_at)
-            body = _crystal_body(crystal, lib.next_seq)
-            offset, size = self._append(lib, Record("crystal", body))
-            slot = lib.insert(body, offset, size)
-            evicted, end = self._evict(lib, lib.config.max_crystals, keep=slot)
-            journal = lib.journal
-            end = max(end, offset + size)
-            self._maybe_compact(lib)
+            if similar is None:
+                crystal, evicted, end = self._create(lib, draft, session_id)
+            journal, ticket = lib.journal, lib.ticket
+            if similar is None:
+                self._maybe_compact(lib)
+        if similar is not None:
+            slot, goal_similarity, tool_similarity = similar
+            similar_id = lib.id_at[slot]
+            assert similar_id is not None
+            # The crystal named may be another call's, not durable yet: never
+            # answer ahead of it (locally, and in object storage in `sync` mode).
+            if journal is not None:
+                journal.sync()
+            self._acknowledge(tenant, ticket)
+            return CrystallizeResult(
+                Outcome.NOT_NOVEL,
+                threshold,
+                similar_crystal_id=similar_id,
+                goal_similarity=goal_similarity,
+                tool_similarity=tool_similarity,
+            )
         assert journal is not None
         journal.sync(end)  # after a compaction: at once (it synced this journal)
+        self._acknowledge(tenant, ticket)
         return CrystallizeResult(Outcome.CREATED, threshold, crystal=crystal, evicted=evicted)
+
+    def _create(
+        self, lib: _Library, draft: Crystal, session_id: str
+    ) -> tuple[Crystal, tuple[str, ...], int]:
+        """Store a novel crystal (lock held); (it, the crystals evicted, the journal end)."""
+        created_at = self.clock()
+        crystal_id = base = crystal_id_base(session_id, created_at) + self._id_tag()
+        suffix = 2
+        while crystal_id in lib.ids:
+            crystal_id, suffix = f"{base}-{suffix}", suffix + 1
+        crystal = dataclasses.replace(draft, crystal_id=crystal_id, created_at=created_at)
+        if self.replica is None:
+            body = _crystal_body(crystal, lib.next_seq)
+        else:  # the stamp orders crystals alike on every daemon
+            body = _crystal_body(crystal, self.replica.clock.now(), self.replica.node_id)
+        offset, size = self._append(lib, Record("crystal", body))
+        slot = lib.insert(body, offset, size)
+        evicted, end = self._evict(lib, lib.config.max_crystals, keep=slot)
+        return crystal, evicted, max(end, offset + size)
 
     def _evict(
         self, lib: _Library, limit: int, *, keep: int | None = None
@@ -711,9 +903,13 @@ class CrystalLibraries:
                 break
             crystal_id = lib.id_at[slot]
             assert crystal_id is not None
-            offset, size = self._append(lib, Record("delete", {"id": crystal_id, "why": "evict"}))
+            record = self._delete_record(crystal_id, "evict")
+            offset, size = self._append(lib, record)
             end = offset + size
-            lib.discard(crystal_id)
+            if "stamp" in record.body:
+                lib.bury(crystal_id, (record.body["stamp"], record.body["node"]))
+            else:
+                lib.discard(crystal_id)
             evicted.append(crystal_id)
         return tuple(evicted), end
 
@@ -812,27 +1008,49 @@ class CrystalLibraries:
         with lib.lock:
             slot = lib.slot_of(crystal_id)
             self._check_writable(lib)
-            reuse_count = lib.reuses_at[slot] + 1
-            effectiveness = running_average(
-                lib.effectiveness_at[slot], lib.reuses_at[slot], success
-            )
-            record = Record(
-                "reuse",
-                {
-                    "id": crystal_id,
-                    "success": bool(success),
-                    "effectiveness": effectiveness,
-                    "reuse_count": reuse_count,
-                },
-            )
-            offset, size = self._append(lib, record)
-            lib.set_reuse(slot, effectiveness, reuse_count)
+            if self.replica is not None:
+                offset, size = self._record_counted_reuse(lib, slot, success)
+            else:
+                reuse_count = lib.reuses_at[slot] + 1
+                effectiveness = running_average(
+                    lib.effectiveness_at[slot], lib.reuses_at[slot], success
+                )
+                record = Record(
+                    "reuse",
+                    {
+                        "id": crystal_id,
+                        "success": bool(success),
+                        "effectiveness": effectiveness,
+                        "reuse_count": reuse_count,
+                    },
+                )
+                offset, size = self._append(lib, record)
+                lib.set_reuse(slot, effectiveness, reuse_count)
             crystal = lib.read(slot)
-            journal = lib.journal
+            journal, ticket = lib.journal, lib.ticket
             self._maybe_compact(lib)
         assert journal is not None
         journal.sync(offset + size)
+        self._acknowledge(tenant, ticket)
         return crystal
+
+    def _record_counted_reuse(self, lib: _Library, slot: int, success: bool) -> tuple[int, int]:
+        """A reuse in a replicated library: this daemon's counters, cumulative (lock held).
+
+        Each daemon journals its own totals for the crystal, so that reuses
+        recorded on several daemons at once add up wherever they are merged.
+        """
+        assert self.replica is not None
+        node = self.replica.node_id
+        reuses, successes = lib.contributions(slot).get(node, (0, 0))
+        reuses, successes = reuses + 1, successes + int(bool(success))
+        body = {
+            "id": lib.id_at[slot], "seq": lib.seq_at[slot], "node": node,
+            "reuses": reuses, "successes": successes,
+        }  # fmt: skip
+        offset, size = self._append(lib, Record("reuse", body))
+        lib.add_reuses(slot, node, reuses, successes)
+        return offset, size
 
     def delete(self, tenant: str, crystal_id: str) -> None:
         validate_id(crystal_id, "crystal_id")
@@ -842,12 +1060,17 @@ class CrystalLibraries:
         with lib.lock:
             lib.slot_of(crystal_id)
             self._check_writable(lib)
-            offset, size = self._append(lib, Record("delete", {"id": crystal_id, "why": "delete"}))
-            lib.discard(crystal_id)
-            journal = lib.journal
+            record = self._delete_record(crystal_id, "delete")
+            offset, size = self._append(lib, record)
+            if "stamp" in record.body:
+                lib.bury(crystal_id, (record.body["stamp"], record.body["node"]))
+            else:
+                lib.discard(crystal_id)
+            journal, ticket = lib.journal, lib.ticket
             self._maybe_compact(lib)
         assert journal is not None
         journal.sync(offset + size)
+        self._acknowledge(tenant, ticket)
 
     def set_config(
         self,
@@ -871,24 +1094,34 @@ class CrystalLibraries:
                 old.max_crystals if max_crystals is None else max_crystals,
                 old.min_success_score if min_success_score is None else min_success_score,
             )
-            offset, size = self._append(lib, self._config_record(lib, config))
+            record = self._config_record(lib, config, self._stamped({}))
+            offset, size = self._append(lib, record)
             lib.config = config
+            if "stamp" in record.body:
+                lib.config_key = (record.body["stamp"], record.body["node"])
             evicted, end = self._evict(lib, config.max_crystals)
-            journal = lib.journal
+            journal, ticket = lib.journal, lib.ticket
             end = max(end, offset + size)
             self._maybe_compact(lib)
         assert journal is not None
         journal.sync(end)
+        self._acknowledge(tenant, ticket)
         return config, len(evicted)
 
     @staticmethod
-    def _config_record(lib: _Library, config: LibraryConfig) -> Record:
+    def _config_record(
+        lib: _Library, config: LibraryConfig, stamp: dict[str, Any] | None = None
+    ) -> Record:
+        """A `config` record; `stamp` ({"stamp", "node"}) when the library replicates."""
+        if stamp is None and lib.config_key != LEGACY:
+            stamp = {"stamp": lib.config_key[0], "node": lib.config_key[1]}
         return Record(
             "config",
             {
                 "max_crystals": config.max_crystals,
                 "min_success_score": config.min_success_score,
                 "next_seq": lib.next_seq,
+                **(stamp or {}),
             },
         )
 
@@ -899,7 +1132,8 @@ class CrystalLibraries:
         journal = lib.journal
         if journal is None or self._closed:
             return
-        needed = lib.live_bytes + 128 * lib.reused + 256
+        needed = lib.live_bytes + 128 * (lib.reused + lib.contrib_entries + len(lib.tombstones))
+        needed += 256
         if journal.size <= max(self.compact_min_bytes, 2 * needed):
             return
         try:
@@ -954,13 +1188,111 @@ class CrystalLibraries:
             released = _release(mapped, released, offset)
             yield _Encoded(data)
         for _, slot in live:
-            if lib.reuses_at[slot]:
+            if slot in lib.contrib:  # replicated: every daemon's counters
+                yield from _counter_records(lib, slot, lambda node: True)
+            elif lib.reuses_at[slot]:
                 body = {
                     "id": lib.id_at[slot],
                     "effectiveness": lib.effectiveness_at[slot],
                     "reuse_count": lib.reuses_at[slot],
                 }
                 yield Record("reuse", body)
+        for crystal_id, (stamp, node) in lib.tombstones.items():
+            yield Record(
+                "delete", {"id": crystal_id, "why": "delete", "stamp": stamp, "node": node}
+            )
+
+    # -- replication (domain/library_replication.py) ----------------------------------
+
+    def apply_remote(self, tenant: str, records: Sequence[tuple[Record, bytes]]) -> int:
+        """Merge records another daemon wrote (from its stream); how many changed.
+
+        A record that changes the library is appended to the local journal
+        byte for byte (a crystal's contents are read back from there, the same
+        bytes on every daemon), then applied; the rest are dropped. Applying a
+        segment twice changes nothing the second time.
+        """
+        lib = self._writable(tenant)
+        changed, end = 0, 0
+        with lib.lock:
+            self._check_writable(lib)
+            for record, data in records:
+                if self.replica is not None:
+                    self.replica.clock.observe(_stamp_of(record))
+                if not self._changes(lib, record):
+                    if record.kind == "reuse" and "node" in record.body:
+                        self._apply_counters(lib, record.body, lib.ids.get(record.body["id"]))
+                    continue
+                end = self._journal(lib).append(_Encoded(data))
+                self._apply(lib, record, end - len(data), len(data))
+                changed += 1
+            journal = lib.journal
+            if changed:
+                self._maybe_compact(lib)
+        if changed and journal is not None:
+            journal.sync(end)
+        return changed
+
+    def export_origin(self, tenant: str, nodes: Collection[str]) -> builtins.list[bytes]:
+        """A stream base: what of the library the daemons `nodes` wrote and still holds.
+
+        Their live crystals (the records byte for byte), their reuse counters,
+        their tombstones, the config if they set it last; and what was written
+        before replication (no daemon named), which every daemon publishes.
+        """
+        lib = self._library(tenant, create=False)
+        if lib is None:
+            return []
+        ours = {*nodes, ""}
+        out: builtins.list[bytes] = []
+        with lib.lock:
+            if lib.config_key == LEGACY and lib.config != LibraryConfig():
+                lib.config_key = legacy_key(dataclasses.astuple(lib.config))  # set before
+            if lib.config_key != LEGACY and (
+                lib.config_key[1] in nodes or is_legacy(lib.config_key[1])
+            ):
+                out.append(self._config_record(lib, lib.config).encode())
+            live = [
+                slot
+                for seq, slot in zip(lib.listed_seq, lib.listed_slot, strict=True)
+                if lib.seq_at[slot] == seq
+            ]
+            for slot in live:
+                if lib.node_at[slot] in ours:
+                    out.append(os.pread(lib.read_fd, lib.size_at[slot], lib.offset_at[slot]))
+            for slot in live:
+                if lib.reuses_at[slot]:
+                    lib.contributions(slot)
+                    out.extend(r.encode() for r in _counter_records(lib, slot, ours.__contains__))
+            for crystal_id, key in lib.tombstones.items():
+                if key[1] in nodes:
+                    body = {"id": crystal_id, "why": "delete", "stamp": key[0], "node": key[1]}
+                    out.append(Record("delete", body).encode())
+        return out
+
+    def tenants(self) -> builtins.list[str]:
+        """Tenants with a crystal library here."""
+        with self._lock:
+            return sorted(self._libraries)
+
+
+def _counter_records(lib: _Library, slot: int, wanted: Callable[[str], bool]) -> Iterator[Record]:
+    """`reuse` records of a slot's per-daemon counters (lock held)."""
+    for node, (reuses, successes) in sorted(lib.contrib.get(slot, {}).items()):
+        if wanted(node):
+            body = {
+                "id": lib.id_at[slot], "seq": lib.seq_at[slot], "node": node,
+                "reuses": reuses, "successes": successes,
+            }  # fmt: skip
+            yield Record("reuse", body)
+
+
+def _stamp_of(record: Record) -> int:
+    """The stamp a record carries (0: none), for the hybrid clock."""
+    body = record.body
+    if record.kind == "crystal":
+        return int(body["seq"]) if "node" in body else 0
+    return int(body.get("stamp", 0))
 
 
 #: While streaming through a mapped journal, the pages already read are released

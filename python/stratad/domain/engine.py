@@ -12,6 +12,7 @@ from stratad.domain.checkpoints import Checkpoints
 from stratad.domain.cognitive import Cognitive
 from stratad.domain.crystals import CrystalLibraries
 from stratad.domain.events import EventHub
+from stratad.domain.library_replication import LibraryReplicator
 from stratad.domain.profiles import Profiles
 from stratad.domain.quotas import Quotas
 from stratad.domain.replication import Replicator
@@ -62,6 +63,7 @@ class Engine:
         self.crystals = CrystalLibraries(self.store, compact_min_bytes=compact_min_bytes)
         self.committer = GroupCommitter()
         self.replicator: Replicator | None = None
+        self.library_replicator: LibraryReplicator | None = None
 
     def replicate_to(
         self,
@@ -80,6 +82,13 @@ class Engine:
         )  # fmt: skip
         self.sessions.replicator = self.replicator
         self.store.on_new_object(self.replicator.object_added)
+        # Crystal libraries and profiles: several writers, merged (docs/replication.md).
+        library = LibraryReplicator(
+            remote, self.crystals, self.profiles, mode=mode, node_id=node_id, lag=lag,
+            retire_after=gc_grace,
+        )  # fmt: skip
+        self.crystals.replica = self.profiles.replica = library
+        self.library_replicator = self.replicator.library = library
         return self.replicator
 
     def open(self) -> dict[str, int]:
@@ -90,10 +99,14 @@ class Engine:
         self.store.start()
         if self.replicator is not None:
             self.replicator.start()
+        if self.library_replicator is not None:
+            self.library_replicator.start()  # catches up with the bucket before serving
         log.info("recovered %s", dict(report) or "an empty store")
         return dict(report)
 
     def close(self) -> None:
+        if self.library_replicator is not None:
+            self.library_replicator.close()
         if self.replicator is not None:
             self.replicator.close()
         self.committer.stop()

@@ -22,16 +22,21 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stratad.domain import structured as st
 from stratad.domain.ids import validate_id
+from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
+
+if TYPE_CHECKING:
+    from stratad.domain.stamps import LibraryReplica
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +186,14 @@ class _TenantProfiles:
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     snapshot_bytes: int = 0
     damaged: str = ""
+    #: Replication (docs/replication.md): the stamp of each profile's last
+    #: write, and of each deletion not overwritten since (last writer wins).
+    stamps: dict[str, Key] = field(default_factory=dict)
+    tombstones: dict[str, Key] = field(default_factory=dict)
+
+    def current(self, user_id: str) -> Key:
+        """The stamp a write of `user_id` must exceed to win."""
+        return max(self.stamps.get(user_id, LEGACY), self.tombstones.get(user_id, LEGACY))
 
 
 class Profiles:
@@ -189,6 +202,8 @@ class Profiles:
         self.compact_min_bytes = compact_min_bytes
         self._lock = threading.Lock()
         self._tenants: dict[str, _TenantProfiles] = {}
+        #: Set when tenant libraries replicate to object storage (domain/library_replication.py).
+        self.replica: LibraryReplica | None = None
 
     # -- recovery ----------------------------------------------------------------
 
@@ -209,7 +224,8 @@ class Profiles:
                 report["torn_tails_cut"] += 1
                 log.warning("cut a torn profile journal tail of %d bytes", replay.torn_bytes)
             for record in replay.records:
-                _apply(tp.profiles, record)
+                self._observe(record)
+                _apply(tp, record)
             if replay.corrupt_at is not None:
                 tp.damaged = (
                     f"the profile journal of tenant {name!r} is damaged at byte {replay.corrupt_at}"
@@ -258,13 +274,15 @@ class Profiles:
             profile = update_from_interaction(
                 old or new_profile(user_id, at), insights, at, synthesized=synthesized
             )
-            journal = self._journal(tp)
-            offset = journal.append(
-                Record("profile.put", {"at": at, "user_id": user_id, "profile": profile})
-            )
-            tp.profiles[user_id] = profile
+            record = Record("profile.put", self._stamped({"at": at, "user_id": user_id}))
+            record.body["profile"] = profile
+            offset, ticket = self._append(tp, tenant, record)
+            _apply(tp, record)
+            journal = tp.journal
             self._maybe_compact(tp)
+        assert journal is not None
         journal.sync(offset)  # after a compaction: at once (it synced this journal)
+        self._acknowledge(tenant, ticket)
         return profile, old is None
 
     def delete(self, tenant: str, user_id: str) -> None:
@@ -276,13 +294,16 @@ class Profiles:
             _check(tp)
             if user_id not in tp.profiles:
                 raise NotFoundError(f"user {user_id!r} has no profile")
-            journal = self._journal(tp)
-            offset = journal.append(
-                Record("profile.delete", {"at": time.time(), "user_id": user_id})
+            record = Record(
+                "profile.delete", self._stamped({"at": time.time(), "user_id": user_id})
             )
-            del tp.profiles[user_id]
+            offset, ticket = self._append(tp, tenant, record)
+            _apply(tp, record)
+            journal = tp.journal
             self._maybe_compact(tp)
+        assert journal is not None
         journal.sync(offset)
+        self._acknowledge(tenant, ticket)
 
     def compress(self, tenant: str, user_id: str, max_tokens: int = 0) -> tuple[str, bool]:
         if max_tokens < 0:
@@ -291,6 +312,82 @@ class Profiles:
         profile = self.get(tenant, user_id)
         full = compress(profile, 1 << 62)
         return full[:limit], len(full) > limit
+
+    # -- replication (domain/library_replication.py) -----------------------------------
+
+    def _stamped(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.replica is None:
+            return body
+        return {**body, "stamp": self.replica.clock.now(), "node": self.replica.node_id}
+
+    def _observe(self, record: Record) -> None:
+        if self.replica is not None:
+            self.replica.clock.observe(int(record.body.get("stamp", 0)))
+
+    def _append(self, tp: _TenantProfiles, tenant: str, record: Record) -> tuple[int, int]:
+        """Journal a record this daemon wrote (lock held); (its end, its replication ticket)."""
+        data = record.encode()
+        offset = self._journal(tp).append(_Encoded(data))
+        ticket = self.replica.published(tenant, data) if self.replica is not None else 0
+        return offset, ticket
+
+    def _acknowledge(self, tenant: str, ticket: int) -> None:
+        if self.replica is not None and ticket:
+            self.replica.acknowledge(tenant, ticket)
+
+    def apply_remote(self, tenant: str, records: list[tuple[Record, bytes]]) -> int:
+        """Merge profile records another daemon wrote; how many changed (last writer wins).
+
+        A record that wins is journaled here byte for byte, then applied; an
+        older one (or a repeat) is dropped.
+        """
+        tp = self._tenant(tenant, create=True)
+        assert tp is not None
+        changed, end = 0, 0
+        with tp.lock:
+            _check(tp)
+            for record, data in records:
+                self._observe(record)
+                if _key(record) <= tp.current(record.body["user_id"]):
+                    continue
+                end = self._journal(tp).append(_Encoded(data))
+                _apply(tp, record)
+                changed += 1
+            journal = tp.journal
+            if changed:
+                self._maybe_compact(tp)
+        if changed and journal is not None:
+            journal.sync(end)
+        return changed
+
+    def export_origin(self, tenant: str, nodes: Collection[str]) -> list[bytes]:
+        """A stream base: the profiles the daemons `nodes` wrote last, their deletions.
+
+        Profiles written before replication (no daemon named) are published
+        by every daemon that holds them (harmless: merging is idempotent).
+        """
+        tp = self._tenant(tenant, create=False)
+        if tp is None:
+            return []
+        out: list[bytes] = []
+        with tp.lock:
+            for user_id, profile in tp.profiles.items():
+                key = tp.stamps.get(user_id, LEGACY)
+                if key == LEGACY:  # written before replication
+                    key = tp.stamps[user_id] = legacy_key(profile)
+                if key[1] in nodes or is_legacy(key[1]):
+                    body = {"at": profile["last_updated"], "user_id": user_id, "profile": profile}
+                    origin = {"stamp": key[0], "node": key[1]}
+                    out.append(Record("profile.put", {**body, **origin}).encode())
+            for user_id, (stamp, writer) in tp.tombstones.items():
+                if writer in nodes:
+                    body = {"at": 0.0, "user_id": user_id, "stamp": stamp, "node": writer}
+                    out.append(Record("profile.delete", body).encode())
+        return out
+
+    def tenants(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tenants)
 
     # -- journal -----------------------------------------------------------------------
 
@@ -308,22 +405,55 @@ class Profiles:
             return
         old.sync_now()  # writers still waiting on `old` find their records synced
         jpath = tp.root / JOURNAL
-        snapshot = Record("snapshot", {"at": time.time(), "profiles": tp.profiles})
+        body: dict[str, Any] = {"at": time.time(), "profiles": tp.profiles}
+        if tp.stamps or tp.tombstones:  # replicated: what later merges compare against
+            body["stamps"] = {u: list(k) for u, k in tp.stamps.items()}
+            body["tombstones"] = {u: list(k) for u, k in tp.tombstones.items()}
+        snapshot = Record("snapshot", body)
         self.store.rewrite_journal(jpath, [snapshot])
         tp.journal = self.store.open_journal(jpath)
         tp.snapshot_bytes = tp.journal.size
         old.close()
 
 
-def _apply(profiles: dict[str, dict[str, Any]], record: Record) -> None:
+class _Encoded(Record):
+    """A record already encoded (one from another daemon's stream, kept byte for byte)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__("")
+        self.data = data
+
+    def pieces(self) -> list[bytes]:
+        return [self.data]
+
+
+def _key(record: Record) -> Key:
+    body = record.body
+    return (int(body["stamp"]), str(body["node"])) if "stamp" in body else LEGACY
+
+
+def _apply(tp: _TenantProfiles, record: Record) -> None:
+    """Apply a record in journal order (the merge decisions were made before journaling)."""
     body = record.body
     if record.kind == "snapshot":
-        profiles.clear()
-        profiles.update(body["profiles"])
+        tp.profiles.clear()
+        tp.profiles.update(body["profiles"])
+        tp.stamps = {u: (int(k[0]), str(k[1])) for u, k in body.get("stamps", {}).items()}
+        tp.tombstones = {u: (int(k[0]), str(k[1])) for u, k in body.get("tombstones", {}).items()}
     elif record.kind == "profile.put":
-        profiles[body["user_id"]] = body["profile"]
+        user_id = body["user_id"]
+        tp.profiles[user_id] = body["profile"]
+        if "stamp" in body:
+            tp.stamps[user_id] = _key(record)
+        else:
+            tp.stamps.pop(user_id, None)
+        tp.tombstones.pop(user_id, None)
     elif record.kind == "profile.delete":
-        profiles.pop(body["user_id"], None)
+        user_id = body["user_id"]
+        tp.profiles.pop(user_id, None)
+        tp.stamps.pop(user_id, None)
+        if "stamp" in body:
+            tp.tombstones[user_id] = _key(record)
     else:
         raise DataLossError(f"profile journal record of unknown kind {record.kind!r}")
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from stratad import native, tracing
 from stratad.domain.admin import roots
+from stratad.domain.library_replication import parse_segment
 from stratad.domain.models import SessionState, apply
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
@@ -47,6 +48,7 @@ from stratad.store.remote import (
 from stratad.store.tenant import ROOT_CHUNK, ROOT_MANIFEST, TenantStore
 
 if TYPE_CHECKING:
+    from stratad.domain.library_replication import LibraryReplicator
     from stratad.domain.sessions import LiveSession, SessionManager
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ class RemoteVerifyReport:
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     #: "<session>: problem" for every session whose remote history is damaged.
     damaged_sessions: list[str] = field(default_factory=list)
+    #: "<node>/<segment>: problem" for every damaged tenant-library segment.
+    damaged_library_segments: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -133,6 +137,8 @@ class Replicator:
         self._thread: threading.Thread | None = None
         #: Seconds between a mutation and its shipment, as last measured (metrics).
         self.last_lag = 0.0
+        #: The tenant libraries' replication (its figures join status()).
+        self.library: LibraryReplicator | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -474,6 +480,13 @@ class Replicator:
             problem = self._verify_history(RemoteTier.session_path(tenant, session_id))
             if problem:
                 report.damaged_sessions.append(f"{session_id}: {problem}")
+        for node, segments in sorted(self.remote.list_library(tenant).items()):
+            for seq, kind in segments:
+                data = self.remote.get_library_segment(tenant, node, seq, kind)
+                if data is not None and parse_segment(data) is None:  # None: compacted away
+                    report.damaged_library_segments.append(
+                        f"{node}/{seq:012d}.{kind}: a record fails its checksum"
+                    )
         return report
 
     def _verify_pack(
@@ -596,6 +609,7 @@ class Replicator:
             "bytes_behind": behind, "objects_queued": queued,
             "lag_seconds": time.time() - oldest if oldest else 0.0,
             "last_shipment_seconds": self.last_lag,
+            **(self.library.status() if self.library is not None else {}),
         }  # fmt: skip
 
 

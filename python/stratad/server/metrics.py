@@ -387,8 +387,19 @@ class StoreCollector(Collector):
              "Sessions whose lease this daemon holds or held last.", "sessions_owned"),
             ("stratad_replication_last_shipment_seconds",
              "Duration of the last shipment (objects, segment, HEAD).", "last_shipment_seconds"),
+            ("stratad_replication_library_records_behind",
+             "Crystal and profile records acknowledged locally, not yet in object storage.",
+             "library_records_behind"),
+            ("stratad_replication_library_lag_seconds",
+             "Age of the oldest such library record.", "library_lag_seconds"),
+            ("stratad_replication_library_segments",
+             "Segments of this daemon's library streams in object storage.", "library_segments"),
+            ("stratad_replication_library_damaged_segments",
+             "Library segments of other daemons that failed their checksums.",
+             "library_damaged_segments"),
         ):  # fmt: skip
-            yield GaugeMetricFamily(name, help_text, value=float(status[key]))
+            if key in status:
+                yield GaugeMetricFamily(name, help_text, value=float(status[key]))
 
     def _session_metrics(self) -> Iterator[GaugeMetricFamily]:
         counts = dict.fromkeys(SessionStatus, 0)

@@ -7,6 +7,11 @@ Layout under the configured URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
     tenants/<t>/packs/<id>.idx            JSON {"objects": {digest: [offset, length]}}
     tenants/<t>/sessions/<s>/HEAD         JSON: owner, epoch, lease, segment list
     tenants/<t>/sessions/<s>/seg/<epoch>-<seq>   journal bytes (records as on disk)
+    tenants/<t>/library/<node>/<seq>.seg  crystal and profile records one daemon wrote
+    tenants/<t>/library/<node>/<seq>.base that daemon's whole share of the library
+    tenants/<t>/library/<node>/<seq>.snap the same, restating its earlier segments
+    nodes/<node>                          JSON: that daemon's heartbeat and stream ends
+    nodes/<node>.adopted-<last seen>      JSON: which daemon took over its streams
 
 Objects are content-addressed and uploaded in packs (one PUT per shipping
 round, not one per chunk); a pack's index is written after the pack, so an
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -99,6 +105,16 @@ class Head:
             )  # fmt: skip
         except (ValueError, KeyError, TypeError) as exc:
             raise DataLossError(f"a remote session HEAD is damaged: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class NodeBeat:
+    """A daemon's heartbeat as listed: when it was written, and its version."""
+
+    #: Seconds since the epoch, by object storage's clock.
+    seen: float
+    #: Changes with every heartbeat (e-tag): read it again only then.
+    version: str
 
 
 @dataclass(frozen=True)
@@ -385,6 +401,119 @@ class RemoteTier:
         except Exception as exc:
             raise _unavailable(f"listing {prefix}", exc) from exc
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
+
+    # -- tenant libraries (crystals, profiles): one stream per daemon ----------------
+
+    @staticmethod
+    def library_path(tenant: str, node: str) -> str:
+        return f"tenants/{tenant}/library/{urllib.parse.quote(node, safe='')}"
+
+    def list_tenants(self) -> list[str]:
+        """Names of the tenants with anything in object storage."""
+        try:
+            found = obstore.list_with_delimiter(self.store, "tenants/")
+        except Exception as exc:
+            raise _unavailable("listing tenants/", exc) from exc
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
+
+    def list_library(self, tenant: str) -> dict[str, list[tuple[int, str]]]:
+        """node ID -> its stream's segments as (sequence number, kind), in order.
+
+        Kinds (domain/library_replication.py): "seg", "base", "snap".
+        """
+        prefix = f"tenants/{tenant}/library/"
+        streams: dict[str, list[tuple[int, str]]] = {}
+        for path in self._list(prefix):
+            node, _, name = path[len(prefix) :].partition("/")
+            seq, _, kind = name.partition(".")
+            if kind in ("seg", "base", "snap") and seq.isdigit():
+                streams.setdefault(urllib.parse.unquote(node), []).append((int(seq), kind))
+        return {node: sorted(segments) for node, segments in streams.items()}
+
+    def put_library_segment(self, tenant: str, node: str, seq: int, kind: str, data: bytes) -> None:
+        """Create a segment of `node`'s stream; it must not exist (one writer per node ID)."""
+        path = f"{self.library_path(tenant, node)}/{seq:012d}.{kind}"
+        try:
+            obstore.put(self.store, path, data, mode="create", use_multipart=False)
+        except (RemotePreconditionError, RemoteExistsError) as exc:
+            raise LeaseLostError(
+                f"{path} exists: another daemon runs with node_id {node!r}; "
+                "every daemon needs its own node_id"
+            ) from exc
+        except Exception as exc:
+            raise _unavailable(f"writing {path}", exc) from exc
+
+    def get_library_segment(self, tenant: str, node: str, seq: int, kind: str) -> bytes | None:
+        """A segment's bytes; None when it is gone (its writer compacted its stream)."""
+        try:
+            return self._get(f"{self.library_path(tenant, node)}/{seq:012d}.{kind}")
+        except (RemoteNotFoundError, FileNotFoundError):
+            return None
+
+    def delete_library_segment(self, tenant: str, node: str, seq: int, kind: str) -> None:
+        path = f"{self.library_path(tenant, node)}/{seq:012d}.{kind}"
+        try:
+            obstore.delete(self.store, path)
+        except (RemoteNotFoundError, FileNotFoundError):
+            pass
+        except Exception as exc:
+            raise _unavailable(f"deleting {path}", exc) from exc
+
+    # -- daemons alive (for the adoption of library streams) ---------------------------
+
+    def write_heartbeat(self, node: str, streams: dict[str, int]) -> None:
+        """Say `node` is alive, and how far its library streams go (tenant -> next segment)."""
+        body = json.dumps({"node": node, "at": time.time(), "streams": streams}).encode()
+        self._put(f"nodes/{urllib.parse.quote(node, safe='')}", body)
+
+    def heartbeats(self) -> dict[str, NodeBeat]:
+        """node ID -> when object storage last got its heartbeat (one LIST, no GET)."""
+        try:
+            metas = [m for batch in obstore.list(self.store, "nodes/") for m in batch]
+        except Exception as exc:
+            raise _unavailable("listing nodes/", exc) from exc
+        found: dict[str, NodeBeat] = {}
+        for meta in metas:
+            name = meta["path"][len("nodes/") :]
+            if "." in name:
+                continue  # a claim (below)
+            seen = meta["last_modified"].timestamp()
+            version = str(meta.get("e_tag") or meta.get("version") or seen)
+            found[urllib.parse.unquote(name)] = NodeBeat(seen, version)
+        return found
+
+    def read_heartbeat(self, node: str) -> dict[str, int] | None:
+        """A daemon's streams (tenant -> next segment); None if it was adopted meanwhile."""
+        path = f"nodes/{urllib.parse.quote(node, safe='')}"
+        try:
+            body = json.loads(self._get(path))
+            return {str(t): int(n) for t, n in body.get("streams", {}).items()}
+        except (RemoteNotFoundError, FileNotFoundError):
+            return None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DataLossError(f"heartbeat {path} is damaged: {exc}") from exc
+
+    def claim_node(self, node: str, last_seen: float, by: str) -> bool:
+        """Claim the library streams of a daemon that is gone; False if another did first.
+
+        The claim names the heartbeat it judged by: a daemon that comes back
+        under the same ID and goes silent again can be adopted again.
+        """
+        name = urllib.parse.quote(node, safe="")
+        claim = f"nodes/{name}.adopted-{last_seen:.3f}"
+        try:
+            obstore.put(self.store, claim, json.dumps({"by": by}).encode(), mode="create")
+        except (RemotePreconditionError, RemoteExistsError):
+            return False
+        except Exception as exc:
+            raise _unavailable(f"writing {claim}", exc) from exc
+        try:
+            obstore.delete(self.store, f"nodes/{name}")
+        except (RemoteNotFoundError, FileNotFoundError):
+            pass
+        except Exception as exc:
+            raise _unavailable(f"deleting nodes/{name}", exc) from exc
+        return True
 
     # -- plumbing ------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from stratad.api.v1 import session_pb2 as stratad_dot_api_dot_v1_dot_session__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astratad/api/v1/admin.proto\x12\x0estratad.api.v1\x1a\x1cstratad/api/v1/session.proto\"\x1d\n\x1bGetReplicationStatusRequest\"\xb7\x01\n\x1cGetReplicationStatusResponse\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x16\n\x0esessions_owned\x18\x03 \x01(\x04\x12\x14\n\x0c\x62ytes_behind\x18\x04 \x01(\x04\x12\x16\n\x0eobjects_queued\x18\x05 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x06 \x01(\x01\x12\x1d\n\x15last_shipment_seconds\x18\x07 \x01(\x01\"5\n\x1fRestoreSessionFromRemoteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"L\n RestoreSessionFromRemoteResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.stratad.api.v1.Session\"\x0f\n\rVerifyRequest\"\x87\x02\n\x0eVerifyResponse\x12\x17\n\x0fobjects_checked\x18\x01 \x01(\x04\x12\x36\n\x0f\x63orrupt_objects\x18\x02 \x03(\x0b\x32\x1d.stratad.api.v1.CorruptObject\x12\x18\n\x10\x64\x61maged_sessions\x18\x03 \x03(\t\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\x1e\n\x16remote_objects_checked\x18\x05 \x01(\x04\x12=\n\x16remote_corrupt_objects\x18\x06 \x03(\x0b\x32\x1d.stratad.api.v1.CorruptObject\x12\x1f\n\x17remote_damaged_sessions\x18\x07 \x03(\t\"E\n\rCorruptObject\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x13\n\x0bsession_ids\x18\x03 \x03(\t\"\x17\n\x15\x43ollectGarbageRequest\"\xc7\x01\n\x16\x43ollectGarbageResponse\x12\x17\n\x0fobjects_removed\x18\x01 \x01(\x04\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x04\x12\x14\n\x0cobjects_kept\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x1c\n\x14remote_packs_deleted\x18\x05 \x01(\x04\x12\x1a\n\x12remote_bytes_freed\x18\x06 \x01(\x04\x12\x1e\n\x16remote_packs_condemned\x18\x07 \x01(\x04\"\x16\n\x14GetStoreStatsRequest\"\xc2\x01\n\x15GetStoreStatsResponse\x12\x10\n\x08sessions\x18\x01 \x01(\x04\x12\x13\n\x0b\x63heckpoints\x18\x02 \x01(\x04\x12\x0f\n\x07objects\x18\x03 \x01(\x04\x12\x15\n\rlogical_bytes\x18\x04 \x01(\x04\x12\x14\n\x0cunique_bytes\x18\x05 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x06 \x01(\x04\x12\x13\n\x0b\x64\x65\x64up_ratio\x18\x07 \x01(\x01\x12\x19\n\x11\x63ompression_ratio\x18\x08 \x01(\x01\x32\x88\x04\n\x0c\x41\x64minService\x12G\n\x06Verify\x12\x1d.stratad.api.v1.VerifyRequest\x1a\x1e.stratad.api.v1.VerifyResponse\x12_\n\x0e\x43ollectGarbage\x12%.stratad.api.v1.CollectGarbageRequest\x1a&.stratad.api.v1.CollectGarbageResponse\x12\\\n\rGetStoreStats\x12$.stratad.api.v1.GetStoreStatsRequest\x1a%.stratad.api.v1.GetStoreStatsResponse\x12q\n\x14GetReplicationStatus\x12+.stratad.api.v1.GetReplicationStatusRequest\x1a,.stratad.api.v1.GetReplicationStatusResponse\x12}\n\x18RestoreSessionFromRemote\x12/.stratad.api.v1.RestoreSessionFromRemoteRequest\x1a\x30.stratad.api.v1.RestoreSessionFromRemoteResponseB\\\n\x11io.stratad.api.v1B\nAdminProtoP\x01Z9github.com/stratad/stratad/clients/go/stratadv1;stratadv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astratad/api/v1/admin.proto\x12\x0estratad.api.v1\x1a\x1cstratad/api/v1/session.proto\"\x1d\n\x1bGetReplicationStatusRequest\"\xb0\x02\n\x1cGetReplicationStatusResponse\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x16\n\x0esessions_owned\x18\x03 \x01(\x04\x12\x14\n\x0c\x62ytes_behind\x18\x04 \x01(\x04\x12\x16\n\x0eobjects_queued\x18\x05 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x06 \x01(\x01\x12\x1d\n\x15last_shipment_seconds\x18\x07 \x01(\x01\x12\x1e\n\x16library_records_behind\x18\x08 \x01(\x04\x12\x1b\n\x13library_lag_seconds\x18\t \x01(\x01\x12\x18\n\x10library_segments\x18\n \x01(\x04\x12 \n\x18library_damaged_segments\x18\x0b \x01(\x04\"5\n\x1fRestoreSessionFromRemoteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"L\n RestoreSessionFromRemoteResponse\x12(\n\x07session\x18\x01 \x01(\x0b\x32\x17.stratad.api.v1.Session\"\x0f\n\rVerifyRequest\"\xb0\x02\n\x0eVerifyResponse\x12\x17\n\x0fobjects_checked\x18\x01 \x01(\x04\x12\x36\n\x0f\x63orrupt_objects\x18\x02 \x03(\x0b\x32\x1d.stratad.api.v1.CorruptObject\x12\x18\n\x10\x64\x61maged_sessions\x18\x03 \x03(\t\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\x1e\n\x16remote_objects_checked\x18\x05 \x01(\x04\x12=\n\x16remote_corrupt_objects\x18\x06 \x03(\x0b\x32\x1d.stratad.api.v1.CorruptObject\x12\x1f\n\x17remote_damaged_sessions\x18\x07 \x03(\t\x12\'\n\x1fremote_damaged_library_segments\x18\x08 \x03(\t\"E\n\rCorruptObject\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x13\n\x0bsession_ids\x18\x03 \x03(\t\"\x17\n\x15\x43ollectGarbageRequest\"\xc7\x01\n\x16\x43ollectGarbageResponse\x12\x17\n\x0fobjects_removed\x18\x01 \x01(\x04\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x04\x12\x14\n\x0cobjects_kept\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x1c\n\x14remote_packs_deleted\x18\x05 \x01(\x04\x12\x1a\n\x12remote_bytes_freed\x18\x06 \x01(\x04\x12\x1e\n\x16remote_packs_condemned\x18\x07 \x01(\x04\"\x16\n\x14GetStoreStatsRequest\"\xc2\x01\n\x15GetStoreStatsResponse\x12\x10\n\x08sessions\x18\x01 \x01(\x04\x12\x13\n\x0b\x63heckpoints\x18\x02 \x01(\x04\x12\x0f\n\x07objects\x18\x03 \x01(\x04\x12\x15\n\rlogical_bytes\x18\x04 \x01(\x04\x12\x14\n\x0cunique_bytes\x18\x05 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x06 \x01(\x04\x12\x13\n\x0b\x64\x65\x64up_ratio\x18\x07 \x01(\x01\x12\x19\n\x11\x63ompression_ratio\x18\x08 \x01(\x01\x32\x88\x04\n\x0c\x41\x64minService\x12G\n\x06Verify\x12\x1d.stratad.api.v1.VerifyRequest\x1a\x1e.stratad.api.v1.VerifyResponse\x12_\n\x0e\x43ollectGarbage\x12%.stratad.api.v1.CollectGarbageRequest\x1a&.stratad.api.v1.CollectGarbageResponse\x12\\\n\rGetStoreStats\x12$.stratad.api.v1.GetStoreStatsRequest\x1a%.stratad.api.v1.GetStoreStatsResponse\x12q\n\x14GetReplicationStatus\x12+.stratad.api.v1.GetReplicationStatusRequest\x1a,.stratad.api.v1.GetReplicationStatusResponse\x12}\n\x18RestoreSessionFromRemote\x12/.stratad.api.v1.RestoreSessionFromRemoteRequest\x1a\x30.stratad.api.v1.RestoreSessionFromRemoteResponseB\\\n\x11io.stratad.api.v1B\nAdminProtoP\x01Z9github.com/stratad/stratad/clients/go/stratadv1;stratadv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,25 +36,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_start=76
   _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_end=105
   _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_start=108
-  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_end=291
-  _globals['_RESTORESESSIONFROMREMOTEREQUEST']._serialized_start=293
-  _globals['_RESTORESESSIONFROMREMOTEREQUEST']._serialized_end=346
-  _globals['_RESTORESESSIONFROMREMOTERESPONSE']._serialized_start=348
-  _globals['_RESTORESESSIONFROMREMOTERESPONSE']._serialized_end=424
-  _globals['_VERIFYREQUEST']._serialized_start=426
-  _globals['_VERIFYREQUEST']._serialized_end=441
-  _globals['_VERIFYRESPONSE']._serialized_start=444
-  _globals['_VERIFYRESPONSE']._serialized_end=707
-  _globals['_CORRUPTOBJECT']._serialized_start=709
-  _globals['_CORRUPTOBJECT']._serialized_end=778
-  _globals['_COLLECTGARBAGEREQUEST']._serialized_start=780
-  _globals['_COLLECTGARBAGEREQUEST']._serialized_end=803
-  _globals['_COLLECTGARBAGERESPONSE']._serialized_start=806
-  _globals['_COLLECTGARBAGERESPONSE']._serialized_end=1005
-  _globals['_GETSTORESTATSREQUEST']._serialized_start=1007
-  _globals['_GETSTORESTATSREQUEST']._serialized_end=1029
-  _globals['_GETSTORESTATSRESPONSE']._serialized_start=1032
-  _globals['_GETSTORESTATSRESPONSE']._serialized_end=1226
-  _globals['_ADMINSERVICE']._serialized_start=1229
-  _globals['_ADMINSERVICE']._serialized_end=1749
+  _globals['_GETREPLICATIONSTATUSRESPONSE']._serialized_end=412
+  _globals['_RESTORESESSIONFROMREMOTEREQUEST']._serialized_start=414
+  _globals['_RESTORESESSIONFROMREMOTEREQUEST']._serialized_end=467
+  _globals['_RESTORESESSIONFROMREMOTERESPONSE']._serialized_start=469
+  _globals['_RESTORESESSIONFROMREMOTERESPONSE']._serialized_end=545
+  _globals['_VERIFYREQUEST']._serialized_start=547
+  _globals['_VERIFYREQUEST']._serialized_end=562
+  _globals['_VERIFYRESPONSE']._serialized_start=565
+  _globals['_VERIFYRESPONSE']._serialized_end=869
+  _globals['_CORRUPTOBJECT']._serialized_start=871
+  _globals['_CORRUPTOBJECT']._serialized_end=940
+  _globals['_COLLECTGARBAGEREQUEST']._serialized_start=942
+  _globals['_COLLECTGARBAGEREQUEST']._serialized_end=965
+  _globals['_COLLECTGARBAGERESPONSE']._serialized_start=968
+  _globals['_COLLECTGARBAGERESPONSE']._serialized_end=1167
+  _globals['_GETSTORESTATSREQUEST']._serialized_start=1169
+  _globals['_GETSTORESTATSREQUEST']._serialized_end=1191
+  _globals['_GETSTORESTATSRESPONSE']._serialized_start=1194
+  _globals['_GETSTORESTATSRESPONSE']._serialized_end=1388
+  _globals['_ADMINSERVICE']._serialized_start=1391
+  _globals['_ADMINSERVICE']._serialized_end=1911
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,10 @@ class GetReplicationStatusResponse(_message.Message):
     OBJECTS_QUEUED_FIELD_NUMBER: _builtins.int
     LAG_SECONDS_FIELD_NUMBER: _builtins.int
     LAST_SHIPMENT_SECONDS_FIELD_NUMBER: _builtins.int
+    LIBRARY_RECORDS_BEHIND_FIELD_NUMBER: _builtins.int
+    LIBRARY_LAG_SECONDS_FIELD_NUMBER: _builtins.int
+    LIBRARY_SEGMENTS_FIELD_NUMBER: _builtins.int
+    LIBRARY_DAMAGED_SEGMENTS_FIELD_NUMBER: _builtins.int
     mode: _builtins.str
     """"async" or "sync"."""
     node_id: _builtins.str
@@ -59,6 +63,18 @@ class GetReplicationStatusResponse(_message.Message):
     """Age of the oldest acknowledged write not yet shipped (0 = none)."""
     last_shipment_seconds: _builtins.float
     """Duration of the last shipment."""
+    library_records_behind: _builtins.int
+    """Tenant libraries (crystals, user profiles): records acknowledged locally
+    and not yet in this daemon's library streams in object storage.
+    """
+    library_lag_seconds: _builtins.float
+    """Age of the oldest such record (0 = none)."""
+    library_segments: _builtins.int
+    """Segments of this daemon's library streams in object storage (bounded:
+    each stream is rewritten as one base every 32 segments).
+    """
+    library_damaged_segments: _builtins.int
+    """Library segments of other daemons that failed their checksums (not merged)."""
     def __init__(
         self,
         *,
@@ -69,10 +85,14 @@ class GetReplicationStatusResponse(_message.Message):
         objects_queued: _builtins.int = ...,
         lag_seconds: _builtins.float = ...,
         last_shipment_seconds: _builtins.float = ...,
+        library_records_behind: _builtins.int = ...,
+        library_lag_seconds: _builtins.float = ...,
+        library_segments: _builtins.int = ...,
+        library_damaged_segments: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_behind", b"bytes_behind", "lag_seconds", b"lag_seconds", "last_shipment_seconds", b"last_shipment_seconds", "mode", b"mode", "node_id", b"node_id", "objects_queued", b"objects_queued", "sessions_owned", b"sessions_owned"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_behind", b"bytes_behind", "lag_seconds", b"lag_seconds", "last_shipment_seconds", b"last_shipment_seconds", "library_damaged_segments", b"library_damaged_segments", "library_lag_seconds", b"library_lag_seconds", "library_records_behind", b"library_records_behind", "library_segments", b"library_segments", "mode", b"mode", "node_id", b"node_id", "objects_queued", b"objects_queued", "sessions_owned", b"sessions_owned"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -143,6 +163,7 @@ class VerifyResponse(_message.Message):
     REMOTE_OBJECTS_CHECKED_FIELD_NUMBER: _builtins.int
     REMOTE_CORRUPT_OBJECTS_FIELD_NUMBER: _builtins.int
     REMOTE_DAMAGED_SESSIONS_FIELD_NUMBER: _builtins.int
+    REMOTE_DAMAGED_LIBRARY_SEGMENTS_FIELD_NUMBER: _builtins.int
     objects_checked: _builtins.int
     ok: _builtins.bool
     """False when anything, local or remote, is corrupt or damaged."""
@@ -162,6 +183,12 @@ class VerifyResponse(_message.Message):
     def remote_damaged_sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """With replication: sessions whose history in object storage does not replay."""
 
+    @_builtins.property
+    def remote_damaged_library_segments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With replication: segments of tenant-library streams in object storage
+        (crystals, profiles) that fail their checksums ("<tenant>/<node>/<segment>: problem").
+        """
+
     def __init__(
         self,
         *,
@@ -172,10 +199,11 @@ class VerifyResponse(_message.Message):
         remote_objects_checked: _builtins.int = ...,
         remote_corrupt_objects: _abc.Iterable[Global___CorruptObject] | None = ...,
         remote_damaged_sessions: _abc.Iterable[_builtins.str] | None = ...,
+        remote_damaged_library_segments: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_objects", b"corrupt_objects", "damaged_sessions", b"damaged_sessions", "objects_checked", b"objects_checked", "ok", b"ok", "remote_corrupt_objects", b"remote_corrupt_objects", "remote_damaged_sessions", b"remote_damaged_sessions", "remote_objects_checked", b"remote_objects_checked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_objects", b"corrupt_objects", "damaged_sessions", b"damaged_sessions", "objects_checked", b"objects_checked", "ok", b"ok", "remote_corrupt_objects", b"remote_corrupt_objects", "remote_damaged_library_segments", b"remote_damaged_library_segments", "remote_damaged_sessions", b"remote_damaged_sessions", "remote_objects_checked", b"remote_objects_checked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

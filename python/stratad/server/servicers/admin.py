@@ -31,6 +31,7 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
                 for c in report.remote_corrupt
             ],
             remote_damaged_sessions=report.remote_damaged_sessions,
+            remote_damaged_library_segments=report.remote_damaged_library,
         )
 
     async def CollectGarbage(
