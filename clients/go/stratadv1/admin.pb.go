@@ -75,8 +75,18 @@ type GetReplicationStatusResponse struct {
 	LagSeconds float64 `protobuf:"fixed64,6,opt,name=lag_seconds,json=lagSeconds,proto3" json:"lag_seconds,omitempty"`
 	// Duration of the last shipment.
 	LastShipmentSeconds float64 `protobuf:"fixed64,7,opt,name=last_shipment_seconds,json=lastShipmentSeconds,proto3" json:"last_shipment_seconds,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Tenant libraries (crystals, user profiles): records acknowledged locally
+	// and not yet in this daemon's library streams in object storage.
+	LibraryRecordsBehind uint64 `protobuf:"varint,8,opt,name=library_records_behind,json=libraryRecordsBehind,proto3" json:"library_records_behind,omitempty"`
+	// Age of the oldest such record (0 = none).
+	LibraryLagSeconds float64 `protobuf:"fixed64,9,opt,name=library_lag_seconds,json=libraryLagSeconds,proto3" json:"library_lag_seconds,omitempty"`
+	// Segments of this daemon's library streams in object storage (bounded:
+	// each stream is rewritten as one base every 32 segments).
+	LibrarySegments uint64 `protobuf:"varint,10,opt,name=library_segments,json=librarySegments,proto3" json:"library_segments,omitempty"`
+	// Library segments of other daemons that failed their checksums (not merged).
+	LibraryDamagedSegments uint64 `protobuf:"varint,11,opt,name=library_damaged_segments,json=libraryDamagedSegments,proto3" json:"library_damaged_segments,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *GetReplicationStatusResponse) Reset() {
@@ -154,6 +164,34 @@ func (x *GetReplicationStatusResponse) GetLagSeconds() float64 {
 func (x *GetReplicationStatusResponse) GetLastShipmentSeconds() float64 {
 	if x != nil {
 		return x.LastShipmentSeconds
+	}
+	return 0
+}
+
+func (x *GetReplicationStatusResponse) GetLibraryRecordsBehind() uint64 {
+	if x != nil {
+		return x.LibraryRecordsBehind
+	}
+	return 0
+}
+
+func (x *GetReplicationStatusResponse) GetLibraryLagSeconds() float64 {
+	if x != nil {
+		return x.LibraryLagSeconds
+	}
+	return 0
+}
+
+func (x *GetReplicationStatusResponse) GetLibrarySegments() uint64 {
+	if x != nil {
+		return x.LibrarySegments
+	}
+	return 0
+}
+
+func (x *GetReplicationStatusResponse) GetLibraryDamagedSegments() uint64 {
+	if x != nil {
+		return x.LibraryDamagedSegments
 	}
 	return 0
 }
@@ -296,8 +334,11 @@ type VerifyResponse struct {
 	RemoteCorruptObjects []*CorruptObject `protobuf:"bytes,6,rep,name=remote_corrupt_objects,json=remoteCorruptObjects,proto3" json:"remote_corrupt_objects,omitempty"`
 	// With replication: sessions whose history in object storage does not replay.
 	RemoteDamagedSessions []string `protobuf:"bytes,7,rep,name=remote_damaged_sessions,json=remoteDamagedSessions,proto3" json:"remote_damaged_sessions,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// With replication: segments of tenant-library streams in object storage
+	// (crystals, profiles) that fail their checksums ("<tenant>/<node>/<segment>: problem").
+	RemoteDamagedLibrarySegments []string `protobuf:"bytes,8,rep,name=remote_damaged_library_segments,json=remoteDamagedLibrarySegments,proto3" json:"remote_damaged_library_segments,omitempty"`
+	unknownFields                protoimpl.UnknownFields
+	sizeCache                    protoimpl.SizeCache
 }
 
 func (x *VerifyResponse) Reset() {
@@ -375,6 +416,13 @@ func (x *VerifyResponse) GetRemoteCorruptObjects() []*CorruptObject {
 func (x *VerifyResponse) GetRemoteDamagedSessions() []string {
 	if x != nil {
 		return x.RemoteDamagedSessions
+	}
+	return nil
+}
+
+func (x *VerifyResponse) GetRemoteDamagedLibrarySegments() []string {
+	if x != nil {
+		return x.RemoteDamagedLibrarySegments
 	}
 	return nil
 }
@@ -716,7 +764,7 @@ var File_stratad_api_v1_admin_proto protoreflect.FileDescriptor
 const file_stratad_api_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x1astratad/api/v1/admin.proto\x12\x0estratad.api.v1\x1a\x1cstratad/api/v1/session.proto\"\x1d\n" +
-	"\x1bGetReplicationStatusRequest\"\x91\x02\n" +
+	"\x1bGetReplicationStatusRequest\"\xdc\x03\n" +
 	"\x1cGetReplicationStatusResponse\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12%\n" +
@@ -725,13 +773,18 @@ const file_stratad_api_v1_admin_proto_rawDesc = "" +
 	"\x0eobjects_queued\x18\x05 \x01(\x04R\robjectsQueued\x12\x1f\n" +
 	"\vlag_seconds\x18\x06 \x01(\x01R\n" +
 	"lagSeconds\x122\n" +
-	"\x15last_shipment_seconds\x18\a \x01(\x01R\x13lastShipmentSeconds\"@\n" +
+	"\x15last_shipment_seconds\x18\a \x01(\x01R\x13lastShipmentSeconds\x124\n" +
+	"\x16library_records_behind\x18\b \x01(\x04R\x14libraryRecordsBehind\x12.\n" +
+	"\x13library_lag_seconds\x18\t \x01(\x01R\x11libraryLagSeconds\x12)\n" +
+	"\x10library_segments\x18\n" +
+	" \x01(\x04R\x0flibrarySegments\x128\n" +
+	"\x18library_damaged_segments\x18\v \x01(\x04R\x16libraryDamagedSegments\"@\n" +
 	"\x1fRestoreSessionFromRemoteRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"U\n" +
 	" RestoreSessionFromRemoteResponse\x121\n" +
 	"\asession\x18\x01 \x01(\v2\x17.stratad.api.v1.SessionR\asession\"\x0f\n" +
-	"\rVerifyRequest\"\xff\x02\n" +
+	"\rVerifyRequest\"\xc6\x03\n" +
 	"\x0eVerifyResponse\x12'\n" +
 	"\x0fobjects_checked\x18\x01 \x01(\x04R\x0eobjectsChecked\x12F\n" +
 	"\x0fcorrupt_objects\x18\x02 \x03(\v2\x1d.stratad.api.v1.CorruptObjectR\x0ecorruptObjects\x12)\n" +
@@ -739,7 +792,8 @@ const file_stratad_api_v1_admin_proto_rawDesc = "" +
 	"\x02ok\x18\x04 \x01(\bR\x02ok\x124\n" +
 	"\x16remote_objects_checked\x18\x05 \x01(\x04R\x14remoteObjectsChecked\x12S\n" +
 	"\x16remote_corrupt_objects\x18\x06 \x03(\v2\x1d.stratad.api.v1.CorruptObjectR\x14remoteCorruptObjects\x126\n" +
-	"\x17remote_damaged_sessions\x18\a \x03(\tR\x15remoteDamagedSessions\"b\n" +
+	"\x17remote_damaged_sessions\x18\a \x03(\tR\x15remoteDamagedSessions\x12E\n" +
+	"\x1fremote_damaged_library_segments\x18\b \x03(\tR\x1cremoteDamagedLibrarySegments\"b\n" +
 	"\rCorruptObject\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x18\n" +
 	"\aproblem\x18\x02 \x01(\tR\aproblem\x12\x1f\n" +
