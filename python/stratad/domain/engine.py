@@ -19,6 +19,7 @@ from stratad.domain.sessions import SessionManager
 from stratad.domain.tasks import Tasks
 from stratad.domain.writes import CheckpointExtras
 from stratad.store.commit import GroupCommitter
+from stratad.store.crypto import Keyring
 from stratad.store.remote import RemoteTier
 from stratad.store.store import Store
 
@@ -37,12 +38,14 @@ class Engine:
         max_state_bytes: int = 64 << 20,
         compact_min_bytes: int = 4 << 20,
         quotas: Quotas | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.store = Store(
             data_dir,
             durability=durability,
             fsync_interval=fsync_interval,
             max_object_bytes=max_state_bytes,
+            keyring=keyring,
         )
         self.events = EventHub()
         self.sessions = SessionManager(

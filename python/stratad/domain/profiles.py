@@ -203,7 +203,7 @@ class Profiles:
             if not jpath.exists():
                 continue
             tp = _TenantProfiles(root)
-            replay = journal_mod.read_records(jpath)
+            replay = self.store.read_journal(jpath)
             if replay.torn_bytes:
                 journal_mod.truncate(jpath, replay.valid_bytes)
                 report["torn_tails_cut"] += 1

@@ -210,7 +210,7 @@ class SessionManager:
         if not jpath.exists():
             shutil.rmtree(path, ignore_errors=True)  # creation never acknowledged
             return
-        replay = journal_mod.read_records(jpath)
+        replay = self.store.read_journal(jpath)
         if replay.torn_bytes:
             journal_mod.truncate(jpath, replay.valid_bytes)
             report["torn_tails_cut"] += 1

@@ -13,6 +13,11 @@ then fsyncs the files and their directories in batches; a journal compaction
 any object whose file is missing or damaged from the journal's copy, so the
 pair (journal, objects) never loses an acknowledged byte. Creating a file
 costs more than the rest of a save together, hence this design.
+
+With encryption at rest, an object *file* holds the frame sealed with the
+tenant's data key (store/crypto.py); in memory (pending objects, journal
+records' inline copies, reads) it is the plain frame. The file's name stays
+the digest of the plaintext, so dedup within the tenant is unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 from stratad import native
 from stratad.errors import CorruptObjectError, DataLossError
+from stratad.store.crypto import SEAL_OVERHEAD, TenantCipher
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import DIR_MODE, FILE_MODE, fsync_dir, make_dirs, sync_files
 from stratad.store.journal import storage_error
@@ -43,8 +49,12 @@ MAX_PENDING_BYTES = 64 << 20
 class ObjectStore:
     """The objects directory of one tenant, with an in-memory digest index."""
 
-    def __init__(self, root: Path, fail_stop: FailStop | None = None) -> None:
+    def __init__(
+        self, root: Path, fail_stop: FailStop | None = None, cipher: TenantCipher | None = None
+    ) -> None:
         self.root = root
+        #: Seals object files (encryption at rest); None: files hold plain frames.
+        self.cipher = cipher
         self._fail_stop = fail_stop or FailStop()
         make_dirs(root)
         self._lock = threading.Lock()
@@ -107,6 +117,10 @@ class ObjectStore:
     def path_of(self, digest: str) -> Path:
         return self.root / digest[:2] / digest[2:]
 
+    def file_size(self, frame_bytes: int) -> int:
+        """The size of the file that holds a frame of `frame_bytes` (sealing adds a little)."""
+        return frame_bytes + (SEAL_OVERHEAD if self.cipher is not None else 0)
+
     # -- write ---------------------------------------------------------------
 
     def needs_inline(self, digest: str, owner: str) -> bool:
@@ -142,8 +156,9 @@ class ObjectStore:
         with self._lock:
             if digest in self._sizes:
                 return 0
-            self._sizes[digest] = len(frame)
-            self._stored += len(frame)
+            size = self.file_size(len(frame))
+            self._sizes[digest] = size
+            self._stored += size
             self._pending[digest] = frame
             self._pending_bytes += len(frame)
             self._unsynced[digest] = owner
@@ -153,7 +168,7 @@ class ObjectStore:
             self.on_new(digest)
         if backlog:  # writers outpace the background syncer: help it
             self.flush()
-        return len(frame)
+        return size
 
     def restore(self, digest: str, frame: bytes, owner: str) -> bool:
         """Recovery: rewrite an object from its inline journal copy if needed."""
@@ -190,8 +205,9 @@ class ObjectStore:
                 path.parent.mkdir(mode=DIR_MODE, exist_ok=True)
                 self._dirs.add(digest[:2])
                 self._new_dirs = True
+            data = frame if self.cipher is None else self.cipher.seal_object(digest, frame)
             with open(tmp, "wb", opener=_private) as f:
-                f.write(frame)
+                f.write(data)
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -223,11 +239,13 @@ class ObjectStore:
         if pending is not None:
             return pending
         try:
-            return self.path_of(digest).read_bytes()
+            stored = self.path_of(digest).read_bytes()
         except FileNotFoundError:
             # Whoever asks for an object has a reference to it: its absence is
             # damage to the store, never "not found".
             raise DataLossError(f"object {digest} is missing from the store") from None
+        # A file that fails authentication is CORRUPT_OBJECT, like a bad checksum.
+        return stored if self.cipher is None else self.cipher.open_object(digest, stored)
 
     def get(self, digest: str, max_size: int) -> bytes:
         """Read, verify and decompress an object; damage is DATA_LOSS, never data."""
