@@ -83,6 +83,10 @@ class Engine:
         )  # fmt: skip
         self.sessions.replicator = self.replicator
         self.store.on_new_object(self.replicator.object_added)
+        if self.store.keyring is not None:  # encryption at rest: packs sealed, keys shared
+            store = self.store
+            remote.cipher_of = lambda tenant: store.tenant(tenant).cipher
+            store.shared_keys = remote
         return self.replicator
 
     def open(self) -> dict[str, int]:

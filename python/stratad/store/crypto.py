@@ -32,6 +32,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -198,6 +199,19 @@ class TenantCipher:
 # -- per-tenant data keys ------------------------------------------------------------------
 
 
+class SharedKeys(Protocol):
+    """Where daemons sharing object storage keep each tenant's wrapped data key
+    (store/remote.py): a tenant hydrated on another daemon needs the same key."""
+
+    def read_tenant_key(self, tenant: str) -> bytes | None: ...
+
+    def create_tenant_key(self, tenant: str, raw: bytes) -> bytes:
+        """Store `raw` unless a key is there already; return the one stored."""
+        ...
+
+    def put_tenant_key(self, tenant: str, raw: bytes) -> None: ...
+
+
 class Keyring:
     """The daemon's master key (and old ones, for rotation): unwraps tenants' data keys."""
 
@@ -209,29 +223,46 @@ class Keyring:
     def key_id(self) -> str:
         return self.master.key_id
 
-    def open_tenant(self, tenant_root: Path, tenant: str) -> TenantCipher:
-        """The tenant's cipher: its data key unwrapped (re-wrapped if an old key wrapped it),
-        or a new data key if the tenant has none yet."""
+    def open_tenant(
+        self, tenant_root: Path, tenant: str, shared: SharedKeys | None = None
+    ) -> TenantCipher:
+        """The tenant's cipher: its data key unwrapped (re-wrapped if an old key wrapped it).
+
+        A tenant without a KEY file adopts the one in `shared` (object storage)
+        if there is one, else gets a new random data key (published to `shared`).
+        """
         path = tenant_root / TENANT_KEY_NAME
         try:
-            raw = path.read_bytes()
+            local: bytes | None = path.read_bytes()
         except FileNotFoundError:
-            data_key = secrets.token_bytes(KEY_BYTES)
-            write_key_file(path, self.wrap(tenant, data_key))
-            return TenantCipher(tenant, data_key)
-        return TenantCipher(tenant, self.unwrap_file(path, raw, tenant))
-
-    def unwrap_file(self, path: Path, raw: bytes, tenant: str) -> bytes:
-        """A KEY file's data key; re-wraps it with the current master key if needed."""
+            local = None
+        raw = local
+        if raw is None and shared is not None:
+            raw = shared.read_tenant_key(tenant)
+        if raw is None:
+            raw = _encode_key_file(self.wrap(tenant, secrets.token_bytes(KEY_BYTES)))
+            if shared is not None:
+                raw = shared.create_tenant_key(tenant, raw)  # another daemon may have won
         wrapped = parse_key_file(path, raw)
         data_key = self.unwrap(path, tenant, wrapped)
-        if wrapped["master_key_id"] != self.key_id:
-            write_key_file(path, self.wrap(tenant, data_key))
+        if wrapped["master_key_id"] != self.key_id:  # rotation
+            raw = _encode_key_file(self.wrap(tenant, data_key))
             log.warning(
                 "re-wrapped the data key of tenant %r from master key %s to %s",
                 tenant, wrapped["master_key_id"], self.key_id,
             )  # fmt: skip
-        return data_key
+            if shared is not None:
+                shared.put_tenant_key(tenant, raw)
+        if raw != local:
+            write_key_file(path, raw)
+        return TenantCipher(tenant, data_key)
+
+    def same_data_key(self, tenant: str, ours: bytes, theirs: bytes) -> bool:
+        """Whether two KEY files of a tenant wrap the same data key."""
+        where = Path(f"<{tenant} data key>")
+        return self.unwrap(where, tenant, parse_key_file(where, ours)) == self.unwrap(
+            where, tenant, parse_key_file(where, theirs)
+        )
 
     def wrap(self, tenant: str, data_key: bytes) -> dict[str, object]:
         nonce = os.urandom(NONCE_BYTES)
@@ -288,12 +319,16 @@ def key_file_id(path: Path) -> str:
     return str(parse_key_file(path, path.read_bytes())["master_key_id"])
 
 
-def write_key_file(path: Path, wrapped: dict[str, object]) -> None:
+def _encode_key_file(wrapped: dict[str, object]) -> bytes:
+    return json.dumps(wrapped, indent=1).encode() + b"\n"
+
+
+def write_key_file(path: Path, raw: bytes) -> None:
     """Replace a KEY file atomically and durably (temp file, fsync, rename, dir fsync)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
-        os.write(fd, json.dumps(wrapped, indent=1).encode() + b"\n")
+        os.write(fd, raw)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -25,7 +25,13 @@ from pathlib import Path
 from stratad.domain.ids import validate_id
 from stratad.errors import ResourceExhaustedError
 from stratad.store import journal as journal_mod
-from stratad.store.crypto import TENANT_KEY_NAME, EncryptionKeyError, Keyring, RecordCipher
+from stratad.store.crypto import (
+    TENANT_KEY_NAME,
+    EncryptionKeyError,
+    Keyring,
+    RecordCipher,
+    SharedKeys,
+)
 from stratad.store.crypto import key_file_id as _key_file_id
 from stratad.store.failstop import FailStop, ReadOnlyError
 from stratad.store.fsync import make_dirs
@@ -59,6 +65,8 @@ class Store:
         self.make_dirs(self.tenants_root)
         #: Encryption at rest: the master key that unwraps tenants' data keys (None: off).
         self.keyring = keyring
+        #: Object storage holding tenants' wrapped data keys (replication), or None.
+        self.shared_keys: SharedKeys | None = None
         self._check_encryption()
         self._tenants: dict[str, TenantStore] = {}
         self._lock = threading.Lock()
@@ -81,7 +89,9 @@ class Store:
             root = self.tenants_root / name
             self.make_dirs(root)
             # The data key exists before anything of the tenant is written.
-            cipher = self.keyring.open_tenant(root, name) if self.keyring else None
+            cipher = (
+                self.keyring.open_tenant(root, name, self.shared_keys) if self.keyring else None
+            )
             tenant = TenantStore(
                 root,
                 name,
