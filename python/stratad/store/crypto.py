@@ -350,3 +350,26 @@ def keyring_from_settings(
             f"encryption = on needs the master key: set encryption_key_file or {KEY_ENV}"
         )
     return Keyring(master, [load_master_key(path) for path in old_key_files])
+
+
+def rotate_data_dir(
+    data_dir: Path, key_file: str, old_key_files: tuple[str, ...], environ: dict[str, str]
+) -> list[tuple[str, str, str]]:
+    """Offline rotation (`stratad rotate-key`): re-wrap every tenant's data key with the
+    master key of `key_file`; return (tenant, key id before, key id after) for each.
+
+    Takes the data directory's lock, so it never runs beside a daemon.
+    """
+    from stratad.store.datadir import open_data_dir  # the lock and FORMAT check
+
+    keyring = keyring_from_settings(key_file, old_key_files, environ)
+    done = []
+    with open_data_dir(data_dir) as opened:
+        tenants = opened.path / "tenants"
+        for root in sorted(tenants.iterdir()) if tenants.is_dir() else []:
+            if not (root / TENANT_KEY_NAME).is_file():
+                continue
+            before = key_file_id(root / TENANT_KEY_NAME)
+            keyring.open_tenant(root, root.name)
+            done.append((root.name, before, key_file_id(root / TENANT_KEY_NAME)))
+    return done
