@@ -327,18 +327,39 @@ def test_compaction_keeps_records_sealed(tmp_path: Path, key: MasterKey) -> None
             engine.checkpoints.save_state(TENANT, "s1", SaveInput(data=state(50_000)))
         engine.checkpoints.save_state(TENANT, "s1", SaveInput(data=SECRET.encode()))
         engine.sessions.compact(TENANT, "s1")
-        for i in range(3):
-            engine.crystals.crystallize(
-                TENANT, f"goal {i} {SECRET}", [TraceStep(tool=f"t{i}")], 0.9, "s1"
-            )
+        ids = []
+        for i in range(6):  # distinct goals and tools: each one is novel
+            trace = [TraceStep(decision=SECRET, tool=f"tool{i}-{j}") for j in range(3)]
+            created = engine.crystals.crystallize(TENANT, f"goal{i} {SECRET}", trace, 0.9, "s1")
+            assert created.crystal is not None
+            ids.append(created.crystal.crystal_id)
+        for crystal_id in ids[:5]:  # the journal outgrows what one crystal needs
+            engine.crystals.delete(TENANT, crystal_id)
         engine.store.sync_objects()
     finally:
         engine.close()
     assert files_containing(data_dir, SECRET.encode()) == []
+    crystal_journal = data_dir / "tenants" / TENANT / "crystals" / "journal"
+    cipher = Keyring(key).open_tenant(data_dir / "tenants" / TENANT, TENANT)
+    kinds = [
+        r.kind
+        for r in journal_mod.read_records(
+            crystal_journal, cipher.records(f"{TENANT}/crystals/journal")
+        ).records
+    ]
+    assert kinds.count("crystal") < 6, f"the crystal journal was not compacted: {kinds}"
+    session_kinds = [
+        r.kind
+        for r in journal_mod.read_records(
+            journal_of(data_dir, "s1"), cipher.records(f"{TENANT}/sessions/s1/journal")
+        ).records
+    ]
+    assert session_kinds[0] == "snapshot"
     engine = open_engine(data_dir, Keyring(key))
     try:
         assert engine.checkpoints.load_state(TENANT, "s1").data == SECRET.encode()
-        assert len(engine.crystals.list(TENANT)[0]) == 3
+        assert [c.crystal_id for c in engine.crystals.list(TENANT)[0]] == ids[5:]
+        assert engine.crystals.get(TENANT, ids[5]).decision_chain[0] == SECRET
     finally:
         engine.close()
 
@@ -361,6 +382,20 @@ def test_encryption_on_over_plaintext_data_refuses(tmp_path: Path, key: MasterKe
     engine.close()
     with pytest.raises(EncryptionKeyError, match="holds data written without encryption"):
         Engine(data_dir, keyring=Keyring(key))
+
+
+def test_a_tenant_whose_key_creation_was_interrupted_gets_a_key(
+    tmp_path: Path, key: MasterKey
+) -> None:
+    tenant_root = tmp_path / "data" / "tenants" / TENANT
+    (tenant_root / "sessions").mkdir(parents=True)
+    (tenant_root / (TENANT_KEY_NAME + ".tmp")).write_bytes(b"{half")  # crash mid-write
+    engine = open_engine(tmp_path / "data", Keyring(key))
+    try:
+        engine.sessions.create(TENANT, "s1")
+    finally:
+        engine.close()
+    assert json.loads((tenant_root / TENANT_KEY_NAME).read_text())["master_key_id"] == key.key_id
 
 
 def test_rotation_rewraps_data_keys_and_the_old_key_is_no_longer_needed(

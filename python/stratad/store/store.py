@@ -312,5 +312,11 @@ class Store:
 
 
 def _holds_files(root: Path) -> bool:
-    """Whether a tenant directory holds any file (empty directories do not count)."""
-    return any(files for _, _, files in os.walk(root))
+    """Whether a tenant directory holds any file (empty directories do not count, nor
+    the temporary file of a KEY whose first write a crash interrupted)."""
+    leftover = TENANT_KEY_NAME + ".tmp"
+    return any(
+        name != leftover or directory != str(root)
+        for directory, _, files in os.walk(root)
+        for name in files
+    )
