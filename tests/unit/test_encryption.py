@@ -287,6 +287,26 @@ def test_damage_in_the_middle_and_torn_tail_are_told_apart(tmp_path: Path, key: 
     assert journal_mod.parse_records(injected, cipher).corrupt_at == len(whole)
 
 
+def test_a_damaged_first_record_never_deletes_the_session(tmp_path: Path, key: MasterKey) -> None:
+    data_dir = tmp_path / "data"
+    engine = open_engine(data_dir, Keyring(key))
+    try:
+        engine.sessions.create(TENANT, "s1")
+        engine.checkpoints.save_state(TENANT, "s1", SaveInput(data=b"acknowledged"))
+    finally:
+        engine.close()
+    path = journal_of(data_dir, "s1")
+    raw = bytearray(path.read_bytes())
+    raw[30] ^= 0x01  # in the create record's ciphertext; the save record follows
+    path.write_bytes(bytes(raw))
+    engine = open_engine(data_dir, Keyring(key))
+    try:
+        assert not engine.sessions.is_loaded(TENANT, "s1")
+    finally:
+        engine.close()
+    assert path.read_bytes() == bytes(raw), "damaged history must be kept as it is"
+
+
 def _record_starts(data: bytes) -> list[int]:
     starts, pos = [], 0
     while pos < len(data):
