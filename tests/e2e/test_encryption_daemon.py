@@ -154,6 +154,7 @@ def test_encrypted_daemon_round_trip_rotation_and_refusals(
         assert old_id in result.stderr, result.stderr
     result = run_stratad("serve", "--data-dir", str(data_dir), *listen, "--encryption", "on")
     assert result.returncode != 0 and "needs the master key" in result.stderr
+    assert old_id in result.stderr, result.stderr
 
     # Offline rotation: afterwards the old key file is not needed.
     result = run_stratad(

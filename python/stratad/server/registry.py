@@ -66,7 +66,10 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
     with open_data_dir(config.data_dir) as data_dir:
         keyring = (
             keyring_from_settings(
-                config.encryption_key_file, config.encryption_old_key_files, dict(os.environ)
+                config.encryption_key_file,
+                config.encryption_old_key_files,
+                dict(os.environ),
+                data_dir.path,
             )
             if config.encryption == "on"
             else None

@@ -337,7 +337,10 @@ def write_key_file(path: Path, raw: bytes) -> None:
 
 
 def keyring_from_settings(
-    key_file: str, old_key_files: tuple[str, ...] | list[str], environ: dict[str, str]
+    key_file: str,
+    old_key_files: tuple[str, ...] | list[str],
+    environ: dict[str, str],
+    data_dir: Path | None = None,
 ) -> Keyring:
     """The keyring `encryption = on` runs with: the master key from `key_file`, else
     from STRATAD_ENCRYPTION_KEY; the old keys (rotation) from their files."""
@@ -346,10 +349,23 @@ def keyring_from_settings(
     elif environ.get(KEY_ENV):
         master = parse_master_key(environ[KEY_ENV].encode(), KEY_ENV)
     else:
+        needed = recorded_key_id(data_dir) if data_dir is not None else None
+        hint = f"; the data in {data_dir} needs master key {needed}" if needed else ""
         raise EncryptionKeyError(
-            f"encryption = on needs the master key: set encryption_key_file or {KEY_ENV}"
+            f"encryption = on needs the master key: set encryption_key_file or {KEY_ENV}{hint}"
         )
     return Keyring(master, [load_master_key(path) for path in old_key_files])
+
+
+def recorded_key_id(data_dir: Path) -> str | None:
+    """The master key id a tenant's KEY file in `data_dir` records (None: no KEY file)."""
+    tenants = data_dir / "tenants"
+    for root in sorted(tenants.iterdir()) if tenants.is_dir() else []:
+        path = root / TENANT_KEY_NAME
+        if path.is_file():
+            with contextlib.suppress(DataLossError, OSError):
+                return key_file_id(path)
+    return None
 
 
 def rotate_data_dir(
