@@ -93,7 +93,10 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _flag_help(option: Option) -> str:
-    text = f"{option.help} (env: {option.env_var}; default: {option.default})"
+    default = option.default
+    if isinstance(default, tuple):  # a list option: "a,b", or none
+        default = ",".join(default) or "none"
+    text = f"{option.help} (env: {option.env_var}; default: {default})"
     return text.replace("%", "%%")  # argparse %-formats help strings
 
 

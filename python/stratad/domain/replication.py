@@ -35,7 +35,7 @@ from stratad.domain.models import SessionState, apply
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
 from stratad.store import manifest
-from stratad.store.crypto import EncryptionKeyError, RecordCipher
+from stratad.store.crypto import TENANT_KEY_NAME, EncryptionKeyError, RecordCipher
 from stratad.store.objects import NO_SIZE_LIMIT
 from stratad.store.remote import (
     Head,
@@ -360,7 +360,7 @@ class Replicator:
         keyring = store.keyring
         if keyring is None or tenant.name in self._keys_published:
             return
-        local = (tenant.root / "KEY").read_bytes()
+        local = (tenant.root / TENANT_KEY_NAME).read_bytes()
         stored = self.remote.create_tenant_key(tenant.name, local)
         if stored != local:
             if not keyring.same_data_key(tenant.name, local, stored):

@@ -31,8 +31,8 @@ from stratad.store.crypto import (
     Keyring,
     RecordCipher,
     SharedKeys,
+    key_file_id,
 )
-from stratad.store.crypto import key_file_id as _key_file_id
 from stratad.store.failstop import FailStop, ReadOnlyError
 from stratad.store.fsync import make_dirs
 from stratad.store.journal import Journal, Record, ReplayResult, SizeTally, storage_error
@@ -153,7 +153,7 @@ class Store:
             if self.keyring is None and has_key:
                 raise EncryptionKeyError(
                     f"the data directory {self.data_dir} is encrypted (tenant {name!r} has a "
-                    f"data key wrapped by master key {_key_file_id(root / TENANT_KEY_NAME)}): "
+                    f"data key wrapped by master key {key_file_id(root / TENANT_KEY_NAME)}): "
                     "start with encryption = on and that key (encryption_key_file)"
                 )
             if self.keyring is not None and not has_key and _holds_files(root):
