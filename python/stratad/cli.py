@@ -93,10 +93,7 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _flag_help(option: Option) -> str:
-    default = option.default
-    if isinstance(default, tuple):  # a list option: "a,b", or none
-        default = ",".join(default) or "none"
-    text = f"{option.help} (env: {option.env_var}; default: {default})"
+    text = f"{option.help} (env: {option.env_var}; default: {option.default})"
     return text.replace("%", "%%")  # argparse %-formats help strings
 
 
