@@ -22,6 +22,7 @@ from typing import Protocol
 import pytest
 
 import stratad
+from stratad import native
 from stratad.api.v1 import (
     cognitive_pb2,
     cognitive_pb2_grpc,
@@ -32,6 +33,7 @@ from stratad.api.v1 import (
 )
 from stratad.errors import DataLossError
 from stratad.store.crypto import load_master_key
+from stratad.store.objects import find_on_disk
 
 SECRET = "the-launch-code-is-7731-swordfish"
 TENANT = "default"
@@ -58,6 +60,10 @@ def keygen(run_stratad: Run, path: Path) -> str:
     path.write_text(result.stdout)
     path.chmod(0o600)
     return load_master_key(path).key_id
+
+
+def chunk_digests(data: bytes) -> list[str]:
+    return [native.digest_hex(data[o : o + n]) for o, n in native.chunk_boundaries(data)]
 
 
 def state() -> bytes:
@@ -138,7 +144,9 @@ def test_encrypted_daemon_round_trip_rotation_and_refusals(
         check_everything_reads_back(client, data, checkpoint_id)
     assert daemon.stop() == 0, daemon.output()
     data_dir = daemon.data_dir
-    object_files = (data_dir / "tenants" / TENANT / "objects").glob("??/*")
+    object_files = [
+        p for p in (data_dir / "tenants" / TENANT / "objects").rglob("*") if p.is_file()
+    ]
     assert sum(p.stat().st_size for p in object_files) < 1.1 * len(data)  # once, not twice
 
     assert files_containing(data_dir, SECRET.encode()) == []
@@ -169,13 +177,16 @@ def test_encrypted_daemon_round_trip_rotation_and_refusals(
         check_everything_reads_back(client, data, checkpoint_id)
         # A flipped byte in a sealed object file: DATA_LOSS on read, named by Verify.
         # (The daemon runs: at a restart, the journal's copy would repair it.)
-        objects = data_dir / "tenants" / TENANT / "objects"
-        victim = max((p for p in objects.glob("??/*")), key=lambda p: p.stat().st_size)
-        raw = bytearray(victim.read_bytes())
-        raw[len(raw) // 2] ^= 0x01
-        victim.write_bytes(bytes(raw))
+        digest = chunk_digests(data)[1]  # a chunk of `data` only
+        found = find_on_disk(data_dir / "tenants" / TENANT / "objects", digest)
+        assert found is not None
+        path, offset, length = found
+        with open(path, "r+b") as f:
+            f.seek(offset + length // 2)
+            byte = f.read(1)[0]
+            f.seek(offset + length // 2)
+            f.write(bytes([byte ^ 0x01]))
         report = client.verify()
-        digest = victim.parent.name + victim.name
         assert [c.digest for c in report.corrupt_objects] == [digest], report
         assert "fails authentication" in report.corrupt_objects[0].problem
         with pytest.raises(DataLossError):

@@ -216,16 +216,21 @@ def test_dedup_within_a_tenant_still_shares_objects(engine: Engine) -> None:
     assert once < len(data) * 1.05  # framing, manifest, seals: a few percent
 
 
+def overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
 def test_a_flipped_byte_in_an_object_file_is_data_loss_and_verify_names_it(
     tmp_path: Path, engine: Engine
 ) -> None:
     fill(engine)
     objects = engine.store.tenant(TENANT).objects
     victim = objects.digests()[0]
-    path = objects.path_of(victim)
-    raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2] ^= 0x01
-    path.write_bytes(bytes(raw))
+    path, offset, length = objects.locate(victim)
+    byte = path.read_bytes()[offset + length // 2]
+    overwrite(path, offset + length // 2, bytes([byte ^ 0x01]))
     report = engine.admin.verify(TENANT)
     assert [c.digest for c in report.corrupt] == [victim]
     assert "fails authentication" in report.corrupt[0].problem
@@ -233,14 +238,20 @@ def test_a_flipped_byte_in_an_object_file_is_data_loss_and_verify_names_it(
         objects.get(victim, 1 << 30)
 
 
-def test_object_files_swapped_are_detected(engine: Engine) -> None:
+def test_ciphertext_moved_between_objects_is_detected(engine: Engine) -> None:
+    """Object A's stored bytes replaced by A's frame sealed as object B: authentic
+    ciphertext of this tenant, in the wrong place. Opening it fails."""
     fill(engine)
     objects = engine.store.tenant(TENANT).objects
-    first, second = objects.digests()[:2]
-    a, b = objects.path_of(first).read_bytes(), objects.path_of(second).read_bytes()
-    objects.path_of(first).write_bytes(b)
-    objects.path_of(second).write_bytes(a)
-    assert {c.digest for c in engine.admin.verify(TENANT).corrupt} == {first, second}
+    cipher = engine.store.tenant(TENANT).cipher
+    assert cipher is not None
+    victim, other = objects.digests()[:2]
+    path, offset, length = objects.locate(victim)
+    frame = objects.read_frame(victim)
+    moved = cipher.seal_object(other, frame)
+    assert len(moved) == length
+    overwrite(path, offset, moved)
+    assert [c.digest for c in engine.admin.verify(TENANT).corrupt] == [victim]
 
 
 def journal_of(data_dir: Path, session: str) -> Path:

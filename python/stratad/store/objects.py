@@ -46,6 +46,12 @@ _NO_CARRIER = ""
 MAX_PENDING_BYTES = 64 << 20
 
 
+def find_on_disk(objects_root: Path, digest: str) -> tuple[Path, int, int] | None:
+    """Where an object's stored bytes are on disk: (file, offset, length), or None; read-only."""
+    path = objects_root / digest[:2] / digest[2:]
+    return (path, 0, path.stat().st_size) if path.is_file() else None
+
+
 class ObjectStore:
     """The objects directory of one tenant, with an in-memory digest index."""
 
@@ -116,6 +122,14 @@ class ObjectStore:
 
     def path_of(self, digest: str) -> Path:
         return self.root / digest[:2] / digest[2:]
+
+    def locate(self, digest: str) -> tuple[Path, int, int]:
+        """(file, offset, length) of an object's stored bytes on disk: for tools and tests."""
+        with self._lock:
+            size = self._sizes.get(digest)
+        if size is None or digest in self._pending:
+            raise KeyError(f"object {digest} is not on disk")
+        return self.path_of(digest), 0, size
 
     def file_size(self, frame_bytes: int) -> int:
         """The size of the file that holds a frame of `frame_bytes` (sealing adds a little)."""
