@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
-        rust-check proto proto-check core-purity bench clean deploy-check s3-server
+        rust-check proto proto-check core-purity bench clean deploy-check s3-server \
+        go-tools proto-lint go-gen go-check chromium ts-client ts-proto
 
 help: ## List the targets with a one-line description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -60,6 +61,30 @@ proto: $(STAMP) ## Regenerate python/stratad/api/v1 from proto/
 proto-check: $(STAMP) ## Fail if the committed generated code differs from proto/
 	$(PY) scripts/gen_proto.py --check
 
+go-tools: ## Build (once, cached in ~/.cache/stratad-tools/bin) buf, protoc-gen-go, protoc-gen-go-grpc; needs Go
+	bash scripts/go-tools.sh install
+
+proto-lint: ## buf lint (STANDARD) and buf breaking against the previous commit (HEAD~1)
+	bash scripts/buf-check.sh lint
+	bash scripts/buf-check.sh breaking
+
+go-gen: ## Regenerate the Go client's code (clients/go/stratadv1) from proto/
+	bash scripts/buf-check.sh gen-go
+
+go-check: ## Fail if clients/go/stratadv1 is stale, or clients/go is not gofmt-clean or fails go vet
+	bash scripts/buf-check.sh check-go
+	@out=$$(cd clients/go && gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	cd clients/go && go vet ./...
+
+ts-client: $(STAMP) ## TypeScript client: npm ci if stale, build, generated-code freshness, tsc
+	scripts/ts-client-deps.sh
+	cd clients/ts && STRATAD_PYTHON=$(abspath $(PY)) npm run --silent check:generated
+	cd clients/ts && npm run --silent typecheck
+
+ts-proto: $(STAMP) ## Regenerate clients/ts/src/gen from proto/ (after `make proto`)
+	scripts/ts-client-deps.sh
+	cd clients/ts && STRATAD_PYTHON=$(abspath $(PY)) npm run --silent generate
+
 core-purity: ## Fail if the pure Rust core depends on pyo3
 	@if cargo tree -p stratad-core -e normal | grep -qi pyo3; then \
 		echo "stratad-core must not depend on pyo3"; exit 1; \
@@ -73,6 +98,9 @@ deploy-check: $(STAMP) ## Check deploy/ offline: hadolint, Dockerfile build step
 
 s3-server: ## Build (once, cached in .tools/bin) the SeaweedFS S3 server the tests use; needs Go
 	bash scripts/s3-test-server.sh build
+
+chromium: ## Install headless Chromium + chromedriver (Debian packages) for the inspector's browser test
+	bash scripts/install-chromium.sh
 
 clean: ## Remove build outputs (keeps .venv)
 	cargo clean

@@ -88,8 +88,16 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for option in OPTIONS:
         # default=None marks "not given", so lower layers are not overridden.
         serve.add_argument(
-            option.flag, dest=option.name, metavar=option.metavar, help=_flag_help(option)
+            option.flag,
+            *_FLAG_ALIASES.get(option.name, ()),
+            dest=option.name,
+            metavar=option.metavar,
+            help=_flag_help(option),
         )
+
+
+#: Shorter spellings of some flags (the config key keeps its full name).
+_FLAG_ALIASES: dict[str, tuple[str, ...]] = {"inspector_listen": ("--inspector",)}
 
 
 def _flag_help(option: Option) -> str:

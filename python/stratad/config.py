@@ -27,6 +27,7 @@ Durability = Literal["fsync", "interval", "none"]
 Replication = Literal["off", "async", "sync"]
 AuthMode = Literal["off", "token", "mtls", "token_or_mtls"]
 EncryptionMode = Literal["off", "on"]
+TracingMode = Literal["off", "otlp", "console"]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS: Final = ("text", "json")
@@ -34,6 +35,7 @@ DURABILITY_MODES: Final = ("fsync", "interval", "none")
 REPLICATION_MODES: Final = ("off", "async", "sync")
 AUTH_MODES: Final = ("off", "token", "mtls", "token_or_mtls")
 ENCRYPTION_MODES: Final = ("off", "on")
+TRACING_MODES: Final = ("off", "otlp", "console")
 ENV_PREFIX: Final = "STRATAD_"
 CONFIG_FILE_ENV: Final = "STRATAD_CONFIG"
 MIB: Final = 1024 * 1024
@@ -82,6 +84,15 @@ class Config:
     encryption: EncryptionMode = "off"
     encryption_key_file: str = ""
     encryption_old_key_files: tuple[str, ...] = ()
+    inspector_listen: str = ""
+    session_idle_ttl: float = 0.0
+    lifecycle_sweep_interval: float = 60.0
+    gc_interval: float = 0.0
+    tracing: TracingMode = "off"
+    otlp_endpoint: str = ""
+    otlp_insecure: bool = False
+    trace_sample_ratio: float = 1.0
+    trace_service_name: str = ""
 
     def __post_init__(self) -> None:
         # Code (tests, embedders) may build a Config directly: hold it to the
@@ -107,6 +118,11 @@ class Config:
         """Plaintext gRPC on a TCP address other hosts may reach."""
         return not self.tls and not self.is_unix_socket and not is_loopback(self.listen)
 
+    @property
+    def inspector_exposed(self) -> bool:
+        """The web inspector (plain HTTP) on an address other hosts may reach."""
+        return bool(self.inspector_listen) and not is_loopback(self.inspector_listen)
+
 
 def _check_security(config: Config) -> None:
     """The rules that tie the TLS and auth keys together (see docs/security.md)."""
@@ -128,6 +144,13 @@ def _check_security(config: Config) -> None:
             "set tls_cert_file and tls_key_file, listen on 127.0.0.1 or a unix socket, "
             "or set allow_insecure = true if the network is otherwise closed "
             "(a pod behind a NetworkPolicy)"
+        )
+    if config.inspector_exposed and not config.allow_insecure:
+        raise ConfigError(
+            f"inspector_listen = {config.inspector_listen!r} would serve the web inspector "
+            "(plain HTTP, every tenant's data) beyond this host: listen on 127.0.0.1 and "
+            "reach it through a tunnel (ssh -L, kubectl port-forward), or set "
+            "allow_insecure = true if the network is otherwise closed"
         )
 
 
@@ -204,6 +227,31 @@ def _parse_metrics_listen(raw: object) -> str:
     return _parse_listen(value)
 
 
+def _parse_inspector_listen(raw: object) -> str:
+    """HOST:PORT for the web inspector; "", "off" or "none" (the default) turn it off."""
+    value = _parse_str(raw).strip()
+    if value.lower() in _OFF:
+        return ""
+    if value.startswith("unix:"):
+        raise ValueError("the inspector is HTTP on TCP: expected HOST:PORT, or off")
+    return _parse_listen(value)
+
+
+def _parse_otlp_endpoint(raw: object) -> str:
+    """An OTLP/gRPC collector: http(s)://HOST:PORT or HOST:PORT; "" = the OTEL_* variables."""
+    value = _parse_str(raw).strip()
+    if not value:
+        return ""
+    scheme, sep, rest = value.partition("://")
+    if sep and scheme not in ("http", "https"):
+        raise ValueError(f"expected http://HOST:PORT, https://HOST:PORT or HOST:PORT; got {raw!r}")
+    address = (rest if sep else value).rstrip("/")
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"expected http://HOST:PORT, https://HOST:PORT or HOST:PORT; got {raw!r}")
+    return value
+
+
 def _parse_remote_url(raw: object) -> str:
     value = _parse_str(raw).strip()
     if value.lower() in _OFF:
@@ -251,6 +299,37 @@ def _parse_bool(raw: object) -> bool:
     if value in _FALSE:
         return False
     raise ValueError(f"expected true or false, got {raw!r}")
+
+
+_DURATION_UNITS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _parse_duration(raw: object) -> float:
+    """Seconds, as a number or a string with a unit (90s, 30m, 12h, 7d); 0 or off = off."""
+    if isinstance(raw, str) and raw.strip().lower() in _OFF:
+        return 0.0
+    text = raw.strip().lower() if isinstance(raw, str) else raw
+    try:
+        unit = _DURATION_UNITS.get(text[-1:]) if isinstance(text, str) else None
+        number = _coerce_number(float, text[:-1] if unit is not None else text)  # type: ignore[index]
+    except ValueError:
+        raise ValueError(_DURATION_HINT.format(raw=raw)) from None
+    seconds = float(number) * (unit or 1.0)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(_DURATION_HINT.format(raw=raw))
+    return seconds
+
+
+def _parse_positive_duration(raw: object) -> float:
+    seconds = _parse_duration(raw)
+    if seconds <= 0:
+        raise ValueError(f"must be more than 0; got {raw!r}")
+    return seconds
+
+
+_DURATION_HINT: Final = (
+    "expected a duration of 0 or more: seconds, or 90s, 30m, 12h, 7d; got {raw!r}"
+)
 
 
 def _parse_path(raw: object) -> Path:
@@ -496,7 +575,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "allow_insecure",
         _parse_bool,
-        "allow plaintext gRPC on a non-loopback listen address (without TLS)",
+        "allow plaintext gRPC on a non-loopback listen address (without TLS), and the web "
+        "inspector on a non-loopback inspector_listen",
         "BOOL",
     ),
     Option(
@@ -518,6 +598,69 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _parse_bool,
         "serve gRPC server reflection (with auth on, to authenticated callers only)",
         "BOOL",
+    ),
+    Option(
+        "inspector_listen",
+        _parse_inspector_listen,
+        "HOST:PORT of the read-only web inspector (HTTP: sessions, checkpoint trees and "
+        "diffs, structured state, crystals of every tenant; with auth on it asks for an "
+        "admin bearer token); empty or off = no inspector",
+        "ADDR",
+    ),
+    Option(
+        "session_idle_ttl",
+        _parse_duration,
+        "delete a session nobody wrote or loaded for this long (seconds, or 90s, 30m, 12h, "
+        "7d); a session labelled stratad.dev/keep=true is kept; 0 or off = never",
+        "DURATION",
+    ),
+    Option(
+        "lifecycle_sweep_interval",
+        _parse_positive_duration,
+        "how often idle sessions are looked for (session_idle_ttl); must be > 0",
+        "DURATION",
+    ),
+    Option(
+        "gc_interval",
+        _parse_duration,
+        "collect garbage in every tenant this often (with up to 10% jitter), as "
+        "CollectGarbage does; 0 or off = only when asked",
+        "DURATION",
+    ),
+    Option(
+        "tracing",
+        _choice(*TRACING_MODES),
+        "OpenTelemetry tracing (needs the otel extra): off, otlp (export to otlp_endpoint "
+        "over OTLP/gRPC) or console (spans as JSON on stdout)",
+        "MODE",
+    ),
+    Option(
+        "otlp_endpoint",
+        _parse_otlp_endpoint,
+        "OTLP/gRPC collector for tracing = otlp: http://HOST:PORT (plaintext), "
+        "https://HOST:PORT (TLS) or HOST:PORT; empty = OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
+        "else OTEL_EXPORTER_OTLP_ENDPOINT, else http://127.0.0.1:4317",
+        "URL",
+    ),
+    Option(
+        "otlp_insecure",
+        _parse_bool,
+        "plaintext to an otlp_endpoint given without a scheme (http:// is always plaintext, "
+        "https:// always TLS)",
+        "BOOL",
+    ),
+    Option(
+        "trace_sample_ratio",
+        _number(float, 0, 1),
+        "fraction of traces started here that are recorded (0 to 1); a call that comes "
+        "with a sampled traceparent is always recorded",
+        "RATIO",
+    ),
+    Option(
+        "trace_service_name",
+        _parse_str,
+        "service.name of the spans; empty = OTEL_SERVICE_NAME, else stratad",
+        "NAME",
     ),
     Option(
         "encryption",
@@ -631,6 +774,7 @@ __all__ = [
     "LogLevel",
     "Option",
     "Replication",
+    "TracingMode",
     "is_loopback",
     "load_config",
 ]

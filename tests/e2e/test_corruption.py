@@ -42,6 +42,7 @@ import stratad
 from stratad import native
 from stratad.errors import DataLossError
 from stratad.store import crypto
+from stratad.store.objects import ENTRY, find_on_disk, pack_entries
 
 DEFAULT_TENANT = "default"
 #: Object frame header (docs/native.md): magic, version, codec, flags, length,
@@ -99,19 +100,51 @@ def open_payload(path: Path, payload: bytes) -> bytes:
     return cipher.open(payload)
 
 
-def object_frame(path: Path) -> bytes:
-    """An object file's frame, opened if it is sealed (encrypted runs)."""
-    stored = path.read_bytes()
+def object_frame(data_dir: Path, digest: str, tenant: str = DEFAULT_TENANT) -> bytes:
+    """An object's frame as stored, opened if it is sealed (encrypted runs)."""
+    stored = stored_object(data_dir, digest, tenant).read()
     if stored[:4] != crypto.OBJECT_MAGIC:
         return stored
-    return tenant_cipher(path.parents[2]).open_object(path.parent.name + path.name, stored)
+    return tenant_cipher(data_dir / "tenants" / tenant).open_object(digest, stored)
 
 
 # -- the documented on-disk layout ----------------------------------------------
 
 
-def object_path(data_dir: Path, digest: str, tenant: str = DEFAULT_TENANT) -> Path:
-    return data_dir / "tenants" / tenant / "objects" / digest[:2] / digest[2:]
+def objects_root(data_dir: Path, tenant: str = DEFAULT_TENANT) -> Path:
+    return data_dir / "tenants" / tenant / "objects"
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """An object's frame on disk: `length` bytes at `offset` of a pack file."""
+
+    path: Path
+    offset: int
+    length: int
+
+    def read(self) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return f.read(self.length)
+
+    def overwrite(self, at: int, data: bytes) -> None:
+        """Write `data` at `at` bytes from the frame's start (negative: before it)."""
+        with open(self.path, "r+b") as f:
+            f.seek(self.offset + at)
+            f.write(data)
+
+    def flip(self, at: int) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + at)
+            byte = f.read(1)[0]
+        self.overwrite(at, bytes([byte ^ 0xFF]))
+
+
+def stored_object(data_dir: Path, digest: str, tenant: str = DEFAULT_TENANT) -> StoredObject:
+    found = find_on_disk(objects_root(data_dir, tenant), digest)
+    assert found is not None, f"object {digest} is not on disk"
+    return StoredObject(*found)
 
 
 def journal_path(data_dir: Path, session_id: str, tenant: str = DEFAULT_TENANT) -> Path:
@@ -249,31 +282,32 @@ def restart(start_daemon: StartDaemon, stopped: Daemon) -> Daemon:
 
 # -- damaged objects ---------------------------------------------------------------
 
-ObjectDamage = Callable[[Path], None]
+ObjectDamage = Callable[[StoredObject], None]
 
 
-def flip_payload_byte(path: Path) -> None:
-    size = path.stat().st_size
-    flip_byte(path, FRAME_HEADER_BYTES + (size - FRAME_HEADER_BYTES) // 2)
+def flip_payload_byte(obj: StoredObject) -> None:
+    obj.flip(FRAME_HEADER_BYTES + (obj.length - FRAME_HEADER_BYTES) // 2)
 
 
-def flip_header_byte(path: Path) -> None:
-    flip_byte(path, 20)  # inside the digest field
+def flip_header_byte(obj: StoredObject) -> None:
+    obj.flip(20)  # inside the frame header's digest field
 
 
-def truncate_to_half(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+def zero_second_half(obj: StoredObject) -> None:
+    """Lost sectors: the frame's second half reads back as zeros."""
+    obj.overwrite(obj.length // 2, bytes(obj.length - obj.length // 2))
 
 
-def delete_file(path: Path) -> None:
-    path.unlink()
+def erase_entry_header(obj: StoredObject) -> None:
+    """The pack entry's own header is destroyed: the object is gone from the index."""
+    obj.overwrite(-ENTRY.size, bytes(ENTRY.size))
 
 
 OBJECT_DAMAGE: dict[str, ObjectDamage] = {
     "flip-payload": flip_payload_byte,
     "flip-header": flip_header_byte,
-    "truncate": truncate_to_half,
-    "delete": delete_file,
+    "zero-tail": zero_second_half,
+    "erase-entry": erase_entry_header,
 }
 
 
@@ -287,7 +321,7 @@ def test_damaged_object_is_data_loss_and_named_by_verify(
     multi_chunks = chunk_digests(multi.data)
     damaged = {small.digest, multi_chunks[len(multi_chunks) // 2]}
     for digest in damaged:
-        OBJECT_DAMAGE[damage](object_path(data_dir, digest))
+        OBJECT_DAMAGE[damage](stored_object(data_dir, digest))
 
     daemon = restart(start_daemon, saved.daemon)
     with stratad.Client(daemon.target) as client:
@@ -325,12 +359,12 @@ def test_every_damaged_object_of_a_tenant_is_reported(start_daemon: StartDaemon)
         wait_for_compaction(journal_path(daemon.data_dir, "agent", tenant="damaged"))
     assert daemon.stop() == 0, daemon.output()
 
-    objects_dir = daemon.data_dir / "tenants" / "damaged" / "objects"
-    object_files = [p for p in objects_dir.glob("??/*") if p.is_file()]
-    assert len(object_files) > 10
-    for path in object_files:
-        flip_payload_byte(path)
-    damaged = {path.parent.name + path.name for path in object_files}
+    packs = objects_root(daemon.data_dir, "damaged") / "packs"
+    entries = list(pack_entries(packs))
+    assert len(entries) > 10
+    for path, offset, _, length in entries:
+        flip_payload_byte(StoredObject(path, offset, length))
+    damaged = {digest for _, _, digest, _ in entries}
 
     daemon = restart(start_daemon, daemon)
     with (
@@ -363,9 +397,9 @@ def test_damaged_object_still_in_the_journal_is_repaired_at_start(
     small, multi = saved.victim
     data_dir = saved.daemon.data_dir
     targets = [small.digest, chunk_digests(multi.data)[1]]
-    originals = {d: object_frame(object_path(data_dir, d)) for d in targets}
-    flip_payload_byte(object_path(data_dir, targets[0]))
-    truncate_to_half(object_path(data_dir, targets[1]))
+    originals = {d: object_frame(data_dir, d) for d in targets}
+    flip_payload_byte(stored_object(data_dir, targets[0]))
+    zero_second_half(stored_object(data_dir, targets[1]))
 
     daemon = restart(start_daemon, saved.daemon)
     with stratad.Client(daemon.target) as client:
@@ -374,7 +408,7 @@ def test_damaged_object_still_in_the_journal_is_repaired_at_start(
         report = client.verify()
         assert report.ok, report
     for digest, original in originals.items():
-        assert object_frame(object_path(data_dir, digest)) == original
+        assert object_frame(data_dir, digest) == original
 
 
 # -- journals ----------------------------------------------------------------------
@@ -496,11 +530,11 @@ def test_journal_damaged_in_the_middle_is_data_loss_for_its_session(
 def test_leftover_temporary_files_are_removed_at_start(start_daemon: StartDaemon) -> None:
     saved = save_two_sessions(start_daemon, compact_victim=False)
     data_dir = saved.daemon.data_dir
-    objects_dir = data_dir / "tenants" / DEFAULT_TENANT / "objects"
+    objects_dir = objects_root(data_dir)
     a_digest = saved.victim[0].digest
-    leftovers = [
-        object_path(data_dir, a_digest).with_name(a_digest[2:] + ".tmp"),
-        object_path(data_dir, a_digest).with_name(a_digest[2:] + ".12345.tmp"),
+    leftovers = [  # of the one-file-per-object layout, which is still read
+        objects_dir / a_digest[:2] / (a_digest[2:] + ".tmp"),
+        objects_dir / a_digest[:2] / (a_digest[2:] + ".12345.tmp"),
         objects_dir / "ff" / ("0" * 62 + ".tmp"),
         journal_path(data_dir, "victim").with_name("journal.tmp"),  # an interrupted compaction
     ]

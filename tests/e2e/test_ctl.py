@@ -22,6 +22,7 @@ import stratad
 from stratad import cli, native
 from stratad.api.v1 import common_pb2
 from stratad.ctl.archive import MANIFEST, MANIFEST_DIGEST
+from stratad.store.objects import find_on_disk
 
 #: A ``Daemon`` of tests/e2e/conftest.py (``.target``, ``.data_dir``, ``.output()``, ``.stop()``).
 Daemon = Any
@@ -256,14 +257,17 @@ def test_verify_exits_3_and_names_a_corrupt_object(daemon: Daemon, ctl: Ctl) -> 
     with stratad.Client(daemon.target) as client:
         client.create_session("rotting")
         digest = client.save_state("rotting", data).digest
-    path = daemon.data_dir / "tenants" / "default" / "objects" / digest[:2] / digest[2:]
+    objects = daemon.data_dir / "tenants" / "default" / "objects"
     deadline = time.monotonic() + 10
-    while not path.exists():  # object files are written in the background
-        assert time.monotonic() < deadline, f"{path} never written"
+    while (found := find_on_disk(objects, digest)) is None:  # written in the background
+        assert time.monotonic() < deadline, f"object {digest} never written"
         time.sleep(0.05)
-    raw = bytearray(path.read_bytes())
-    raw[-1] ^= 0xFF
-    path.write_bytes(bytes(raw))
+    path, offset, length = found
+    with open(path, "r+b") as f:  # flip the frame's last byte
+        f.seek(offset + length - 1)
+        byte = f.read(1)[0]
+        f.seek(offset + length - 1)
+        f.write(bytes([byte ^ 0xFF]))
 
     result = ctl(daemon.target, "verify")
     assert result.returncode == 3, result.stderr

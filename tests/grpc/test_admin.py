@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from stratad.api.v1 import admin_pb2, checkpoint_pb2, session_pb2
+from stratad.store.objects import find_on_disk
 
 if TYPE_CHECKING:
     from conftest import Api
@@ -34,11 +35,12 @@ def delete_session(api: Api, session_id: str) -> None:
     api.call(api.sessions.DeleteSession, session_pb2.DeleteSessionRequest(session_id=session_id))
 
 
-def object_path(api: Api, digest: str, tenant: str = "default") -> Path:
-    """Where an object lives, once the daemon has written it out (done here)."""
+def object_on_disk(api: Api, digest: str, tenant: str = "default") -> tuple[Path, int, int]:
+    """(pack file, offset, length) of an object, once the daemon wrote it out (done here)."""
     api.server.resources.engine.store.sync_objects()
-    root = api.server.config.data_dir / "tenants" / tenant / "objects"
-    return root / digest[:2] / digest[2:]
+    found = find_on_disk(api.server.config.data_dir / "tenants" / tenant / "objects", digest)
+    assert found is not None, f"object {digest} is not on disk"
+    return found
 
 
 #: The vocabulary of the reference workload (docs/design.md).
@@ -62,10 +64,14 @@ def conversation(steps: int) -> list[bytes]:
     return states
 
 
-def corrupt(path: Path) -> None:
-    damaged = bytearray(path.read_bytes())
-    damaged[-10] ^= 0x01
-    path.write_bytes(bytes(damaged))
+def corrupt(where: tuple[Path, int, int]) -> None:
+    """Flip a bit near the end of an object's frame."""
+    path, offset, length = where
+    with open(path, "r+b") as f:
+        f.seek(offset + length - 10)
+        byte = f.read(1)[0]
+        f.seek(offset + length - 10)
+        f.write(bytes([byte ^ 0x01]))
 
 
 # -- Verify -------------------------------------------------------------------------------
@@ -92,7 +98,7 @@ def test_verify_names_a_corrupt_object_and_every_session_using_it(api: Api) -> N
     saved = api.save("s", os.urandom(1500))  # one raw chunk: the root is the chunk
     fork = checkpoint_pb2.ForkSessionRequest(checkpoint_id=saved.checkpoint_id, new_session_id="f")
     api.call(api.checkpoints.ForkSession, fork)
-    corrupt(object_path(api, saved.digest))
+    corrupt(object_on_disk(api, saved.digest))
     report = verify(api)
     assert not report.ok
     (bad,) = report.corrupt_objects
@@ -104,7 +110,8 @@ def test_verify_names_a_corrupt_object_and_every_session_using_it(api: Api) -> N
 def test_verify_reports_a_missing_object(api: Api) -> None:
     api.create("s")
     saved = api.save("s", os.urandom(1500))
-    object_path(api, saved.digest).unlink()
+    path, offset, _ = object_on_disk(api, saved.digest)
+    os.truncate(path, offset)  # its bytes are gone
     report = verify(api)
     assert not report.ok
     assert [(c.digest, list(c.session_ids)) for c in report.corrupt_objects] == [
@@ -115,7 +122,7 @@ def test_verify_reports_a_missing_object(api: Api) -> None:
 def test_verify_checks_only_the_callers_tenant(api: Api) -> None:
     damaged, clean = api.as_tenant("damaged"), api.as_tenant("clean")
     damaged.create("s")
-    corrupt(object_path(api, damaged.save("s", os.urandom(1500)).digest, "damaged"))
+    corrupt(object_on_disk(api, damaged.save("s", os.urandom(1500)).digest, "damaged"))
     clean.create("s")
     clean.save("s", os.urandom(1500))
     assert verify(clean).ok

@@ -18,6 +18,7 @@ from stratad import native
 from stratad.api.v1 import checkpoint_pb2, common_pb2, session_pb2
 from stratad.errors import ERROR_DOMAIN
 from stratad.sdk.client import error_info
+from stratad.store.objects import find_on_disk
 
 if TYPE_CHECKING:
     from conftest import Api
@@ -411,10 +412,15 @@ def test_load_of_damaged_bytes_is_data_loss_never_data(api: Api) -> None:
     saved = api.save("s", os.urandom(1500))  # one raw (incompressible) chunk
     api.server.resources.engine.store.sync_objects()  # the object file is on disk now
     digest = saved.digest
-    path = api.server.config.data_dir / "tenants" / "default" / "objects" / digest[:2] / digest[2:]
-    damaged = bytearray(path.read_bytes())
-    damaged[-10] ^= 0x01
-    path.write_bytes(bytes(damaged))
+    objects = api.server.config.data_dir / "tenants" / "default" / "objects"
+    found = find_on_disk(objects, digest)
+    assert found is not None
+    path, offset, length = found
+    with open(path, "r+b") as f:  # flip one bit of the frame's last bytes
+        f.seek(offset + length - 10)
+        byte = f.read(1)[0]
+        f.seek(offset + length - 10)
+        f.write(bytes([byte ^ 0x01]))
     request = checkpoint_pb2.LoadStateRequest(session_id="s")
     api.fails(api.checkpoints.LoadState, request, grpc.StatusCode.DATA_LOSS, digest)
     assert api.get("s").version == 2  # still serving

@@ -7,11 +7,18 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from stratad.server.app import HEALTH_SERVICE_NAME, MESSAGE_HEADROOM_BYTES, REFLECTION_SERVICE_NAME
-from stratad.server.registry import Resources, ServiceRegistration
+from stratad.server.app import (
+    HEALTH_SERVICE_NAME,
+    MESSAGE_HEADROOM_BYTES,
+    REFLECTION_SERVICE_NAME,
+    REFLECTION_V1_SERVICE_NAME,
+)
+from stratad.server.reflection import v1_message_class
+from stratad.server.registry import SERVICES, Resources, ServiceRegistration
 
 ECHO_SERVICE = "stratad.test.v1.EchoService"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -44,6 +51,20 @@ def list_services(target: str) -> list[str]:
     return [s.name for s in responses[0].list_services_response.service]
 
 
+def reflect_v1(target: str, **request: Any) -> Any:
+    """One grpc.reflection.v1 request and its response, with v1 messages (as grpcurl sends)."""
+    request_class = v1_message_class("ServerReflectionRequest")
+    response_class = v1_message_class("ServerReflectionResponse")
+    with grpc.insecure_channel(target) as channel:
+        call = channel.stream_stream(
+            f"/{REFLECTION_V1_SERVICE_NAME}/ServerReflectionInfo",
+            request_serializer=request_class.SerializeToString,
+            response_deserializer=response_class.FromString,
+        )
+        (response,) = call(iter([request_class(**request)]), timeout=10)
+        return response
+
+
 def check(target: str, service: str = "") -> int:
     with grpc.insecure_channel(target) as channel:
         request = health_pb2.HealthCheckRequest(service=service)
@@ -63,6 +84,37 @@ def test_reflection_lists_health_and_reflection(inprocess_server: Callable[..., 
     assert HEALTH_SERVICE_NAME == "grpc.health.v1.Health"
     assert HEALTH_SERVICE_NAME in names
     assert REFLECTION_SERVICE_NAME in names
+
+
+def test_reflection_v1_lists_and_describes_services(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server(services=[echo_registration()])
+    listed = reflect_v1(server.target, list_services="")
+    names = [s.name for s in listed.list_services_response.service]
+    assert REFLECTION_V1_SERVICE_NAME == "grpc.reflection.v1.ServerReflection"
+    for name in (ECHO_SERVICE, HEALTH_SERVICE_NAME, REFLECTION_V1_SERVICE_NAME):
+        assert name in names
+    assert REFLECTION_SERVICE_NAME in names  # v1alpha stays, for older clients
+    # A client describing the v1 service gets a v1 file, whose messages it can decode.
+    described = reflect_v1(server.target, file_containing_symbol=REFLECTION_V1_SERVICE_NAME)
+    files = described.file_descriptor_response.file_descriptor_proto
+    assert files, described
+    proto = descriptor_pb2.FileDescriptorProto.FromString(files[0])
+    assert proto.package == "grpc.reflection.v1"
+    assert proto.service[0].method[0].input_type == ".grpc.reflection.v1.ServerReflectionRequest"
+
+
+def test_reflection_v1_describes_an_application_service(
+    inprocess_server: Callable[..., Any],
+) -> None:
+    server = inprocess_server(services=SERVICES)
+    described = reflect_v1(server.target, file_containing_symbol="stratad.api.v1.SessionService")
+    names = [
+        descriptor_pb2.FileDescriptorProto.FromString(f).name
+        for f in described.file_descriptor_response.file_descriptor_proto
+    ]
+    assert "stratad/api/v1/session.proto" in names
+    unknown = reflect_v1(server.target, file_containing_symbol="no.such.Service")
+    assert unknown.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
 def test_registered_service_is_served_listed_and_healthy(

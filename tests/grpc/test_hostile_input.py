@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from stratad.api.v1 import checkpoint_pb2
+from stratad.server.reflection import v1_file_descriptor
 from stratad.server.registry import SERVICES
 from stratad.server.servicers.values import MAX_STRUCT_DEPTH
 
@@ -46,6 +47,7 @@ def _served_services() -> list[Any]:
     services = [pool.FindServiceByName(name) for name in names]
     services.append(health_pb2.DESCRIPTOR.services_by_name["Health"])
     services.append(reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"])
+    services.append(v1_file_descriptor().services_by_name["ServerReflection"])
     return services
 
 

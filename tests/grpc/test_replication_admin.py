@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from stratad.api.v1 import admin_pb2, checkpoint_pb2
+from stratad.store.objects import pack_entries
 
 if TYPE_CHECKING:
     from conftest import Api
@@ -41,9 +42,10 @@ def test_a_damaged_local_copy_is_repaired_from_object_storage(replicating: Api) 
     resources = replicating.server.resources
     resources.engine.store.sync_objects()
     objects = Path(resources.data_dir.path) / "tenants" / "default" / "objects"
-    for path in objects.rglob("*"):
-        if path.is_file():
-            path.write_bytes(b"rotten")  # bit rot on every object file
+    for path, offset, _, length in list(pack_entries(objects / "packs")):
+        with open(path, "r+b") as f:  # bit rot in every object
+            f.seek(offset + length // 2)
+            f.write(b"rotten")
     replicating.fails(
         replicating.checkpoints.LoadState,
         checkpoint_pb2.LoadStateRequest(session_id="s1"),

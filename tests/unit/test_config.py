@@ -81,6 +81,15 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "encryption": "on",
         "encryption_key_file": "/etc/stratad/keys/master.key",
         "encryption_old_key_files": "/etc/stratad/keys/old1.key,/etc/stratad/keys/old2.key",
+        "inspector_listen": "localhost:8080",
+        "session_idle_ttl": "3600",
+        "lifecycle_sweep_interval": "30",
+        "gc_interval": "600",
+        "tracing": "console",
+        "otlp_endpoint": "https://collector:4317",
+        "otlp_insecure": "true",
+        "trace_sample_ratio": "0.5",
+        "trace_service_name": "agents",
     }
     assert set(values) == {option.name for option in OPTIONS}, "new option: add it here"
     if layer == "file":
@@ -126,6 +135,15 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         encryption="on",
         encryption_key_file="/etc/stratad/keys/master.key",
         encryption_old_key_files=("/etc/stratad/keys/old1.key", "/etc/stratad/keys/old2.key"),
+        inspector_listen="localhost:8080",
+        session_idle_ttl=3600.0,
+        lifecycle_sweep_interval=30.0,
+        gc_interval=600.0,
+        tracing="console",
+        otlp_endpoint="https://collector:4317",
+        otlp_insecure=True,
+        trace_sample_ratio=0.5,
+        trace_service_name="agents",
     )
 
 
@@ -220,6 +238,11 @@ def test_config_error_is_an_invalid_argument_error() -> None:
         ("allow_insecure", "maybe"),
         ("reflection", "2"),
         ("auth", "password"),
+        ("session_idle_ttl", "-1"),
+        ("session_idle_ttl", "5y"),
+        ("session_idle_ttl", "soon"),
+        ("gc_interval", "nan"),
+        ("lifecycle_sweep_interval", "0"),
     ],
 )
 @pytest.mark.parametrize("layer", ["flag", "env", "file"])
@@ -264,6 +287,22 @@ def test_wrongly_typed_toml_values(tmp_path: Path, toml: str, key: str) -> None:
 def test_valid_listen_addresses(listen: str) -> None:
     flags = {"listen": listen, "allow_insecure": "true"}
     assert load_config(flags=flags).listen == listen
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [("0", 0.0), ("off", 0.0), ("90", 90.0), ("90s", 90.0), ("30m", 1800.0),
+     ("1.5h", 5400.0), ("7d", 604800.0), (" 12H ", 43200.0)],
+)  # fmt: skip
+def test_durations_take_a_unit(raw: str, seconds: float) -> None:
+    assert load_config(flags={"session_idle_ttl": raw}).session_idle_ttl == seconds
+    assert load_config(environ={"STRATAD_GC_INTERVAL": raw}).gc_interval == seconds
+
+
+def test_durations_in_toml_are_numbers_or_strings(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'session_idle_ttl = "2d"\ngc_interval = 3600\n')
+    config = load_config(config_file=path)
+    assert (config.session_idle_ttl, config.gc_interval) == (172800.0, 3600.0)
 
 
 def test_choices_are_case_insensitive() -> None:

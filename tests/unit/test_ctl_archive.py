@@ -167,7 +167,7 @@ def _swap_chunks(doc: dict[str, object]) -> None:
 
 
 def _future_version(doc: dict[str, object]) -> None:
-    doc["format_version"] = 2
+    doc["format_version"] = 3
 
 
 def chunks(change: Callable[[bytes], bytes | None]) -> Callable[[str, bytes], bytes | None]:

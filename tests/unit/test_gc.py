@@ -143,3 +143,26 @@ def test_two_concurrent_collections_never_sweep_what_a_save_revived(
         assert reopened.admin.verify(TENANT).ok
     finally:
         reopened.close()
+
+
+def test_write_times_are_kept_only_while_a_collection_runs(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GC's per-object write times cost memory only during a collection.
+
+    Kept for every object ever written, they grew the daemon by ~100 bytes per
+    save for as long as it ran.
+    """
+    engine.sessions.create(TENANT, "a")
+    objects = engine.sessions.store.tenant(TENANT).objects
+    for _ in range(20):
+        save(engine, "a", os.urandom(50_000))
+    assert not objects._written_at
+    seen: list[int] = []
+    during_mark(
+        monkeypatch,
+        lambda: (save(engine, "a", os.urandom(50_000)), seen.append(len(objects._written_at))),
+    )
+    engine.admin.collect_garbage(TENANT)
+    assert seen and seen[0] >= 1  # the save during the mark phase was recorded
+    assert not objects._written_at  # and forgotten once the collection ended

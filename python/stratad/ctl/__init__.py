@@ -1,13 +1,20 @@
 """``stratad ctl``: operate a running daemon over its gRPC API.
 
-    stratad ctl [--address ADDR] [--tenant T] [--json] COMMAND ...
+    stratad ctl [--address ADDR] [--tenant T] [--json] COMMAND ... [--json ...]
+
+The global options may come before or after the command
+(``stratad ctl sessions ls --json``).
 
     health                         SERVING or not (exit 0 / 1); the container's health check
     sessions ls [--prefix P]       sessions of the tenant
     sessions show ID               one session
     sessions rm ID                 delete a session and its checkpoints
+    sessions watch ID              stream the session's events until Ctrl-C
     checkpoints ls SESSION         checkpoints, newest first
-    state get SESSION [-o FILE]    a state's bytes (latest, or --checkpoint ID)
+    checkpoints show SESSION CP    one checkpoint: metadata, parents, size, decoded state
+    checkpoints diff SESSION A B   what changed between two states (JSON paths)
+    state get SESSION [-o FILE]    a state's bytes (latest, or --checkpoint ID);
+                                   --decode langgraph: a StratadSaver checkpoint as JSON
     verify                         re-hash every object of the tenant (exit 3 on problems)
     gc                             collect garbage
     stats                          store statistics
@@ -15,6 +22,7 @@
     import FILE                    re-create an exported session; refuses a damaged archive
     token new [--tenant T] [--role R]  a random token and its identities-file entry (offline)
     token hash                     the SHA-256 digest of a token read from stdin (offline)
+    completion bash|zsh|fish       a shell completion script for `stratad` (offline)
 
 Connection flags default to the SDK's variables (`stratad.sdk.connection`):
 STRATAD_ADDRESS, STRATAD_TENANT, STRATAD_TOKEN / STRATAD_TOKEN_FILE, STRATAD_TLS,
@@ -31,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from typing import Any
 
 # The same names as stratad.sdk.connection, which is not imported: the parser stays light.
 ADDRESS_ENV = "STRATAD_ADDRESS"
@@ -53,66 +63,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Operate a running stratad daemon over gRPC. Exit codes: 0 success, "
         "1 failure, 2 usage, 3 verify found problems.",
     )
-    ctl.add_argument(
-        "--address",
-        default=os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS,
-        metavar="ADDR",
-        help=f"the daemon: HOST:PORT or unix:/path (env: {ADDRESS_ENV}; "
-        f"default: {DEFAULT_ADDRESS})",
-    )
-    ctl.add_argument(
-        "--tenant",
-        default=os.environ.get(TENANT_ENV, ""),
-        help=f"act in this tenant (env: {TENANT_ENV}; default: the daemon's 'default', "
-        "or with auth on the credential's own tenant)",
-    )
-    _add_credentials(ctl)
-    ctl.add_argument(
-        "--timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="deadline of each call (verify and gc: at least an hour) (default: 30)",
-    )
-    ctl.add_argument("--json", action="store_true", help="print JSON for scripts")
-    ctl.add_argument(
-        "--progress",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="progress line on stderr for verify, gc, export and import (auto: on a terminal)",
-    )
+    _add_global_options(ctl)
     sub = ctl.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
 
     health = sub.add_parser("health", help="exit 0 if the daemon reports SERVING, else 1")
     health.add_argument("--service", default="", help="a service name (default: the server)")
 
-    sessions = sub.add_parser("sessions", help="list, show or delete sessions")
-    sessions_sub = sessions.add_subparsers(dest="sessions_command", metavar="ACTION", required=True)
-    ls = sessions_sub.add_parser("ls", help="list sessions ordered by ID")
-    ls.add_argument("--prefix", default="", help="only IDs starting with this")
-    show = sessions_sub.add_parser("show", help="one session in detail")
-    show.add_argument("session_id")
-    rm = sessions_sub.add_parser("rm", help="delete sessions and their checkpoints")
-    rm.add_argument("session_ids", nargs="+", metavar="session_id")
-
-    checkpoints = sub.add_parser("checkpoints", help="list checkpoints")
-    cp_sub = checkpoints.add_subparsers(dest="checkpoints_command", metavar="ACTION", required=True)
-    cp_ls = cp_sub.add_parser("ls", help="checkpoints of a session, newest first")
-    cp_ls.add_argument("session_id")
-    cp_ls.add_argument("--namespace", default=None, help="only this namespace")
-    cp_ls.add_argument("--limit", type=int, default=0, help="at most this many (0 = all)")
-
-    state = sub.add_parser("state", help="read a saved state")
-    state_sub = state.add_subparsers(dest="state_command", metavar="ACTION", required=True)
-    get = state_sub.add_parser(
-        "get", help="write a state's bytes to stdout or a file (latest, or --checkpoint)"
-    )
-    get.add_argument("session_id")
-    get.add_argument("--checkpoint", default="", metavar="ID", help="this checkpoint")
-    get.add_argument("--namespace", default="", help="the latest state of this namespace")
-    get.add_argument(
-        "-o", "--output", default="-", metavar="FILE", help="write here (default: stdout)"
-    )
+    _add_sessions(sub)
+    _add_checkpoints(sub)
+    _add_state(sub)
 
     sub.add_parser("verify", help="re-hash every object of the tenant; exit 3 on problems")
     sub.add_parser("gc", help="remove objects no checkpoint references")
@@ -163,20 +122,183 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="refuse a checkpoint whose state is larger; set it to the daemon's maximum "
         "state size (default: %(default)s, 64 MiB)",
     )
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script for stratad (offline)",
+        description="Print a completion script for the whole stratad command. Load it with "
+        "`source <(stratad ctl completion bash)` (bash), "
+        "`source <(stratad ctl completion zsh)` (zsh), or "
+        "`stratad ctl completion fish | source` (fish); or save it where your shell "
+        "loads completions from.",
+    )
+    completion.add_argument("shell", choices=SHELLS)
+    _accept_global_options_after(ctl)
 
 
-def _add_credentials(ctl: argparse.ArgumentParser) -> None:
+#: The shells `ctl completion` writes scripts for.
+SHELLS = ("bash", "zsh", "fish")
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, after: bool = False) -> None:
+    """The connection and output options every command shares.
+
+    On ``ctl`` itself they carry the defaults; repeated on each subcommand
+    (``after``) they default to nothing (SUPPRESS), so that a value given
+    before the command is kept unless the same option follows it.
+    """
+    group = parser.add_argument_group("global options") if after else parser
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if after else value
+
+    group.add_argument(
+        "--address",
+        default=default(os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS),
+        metavar="ADDR",
+        help=f"the daemon: HOST:PORT or unix:/path (env: {ADDRESS_ENV}; "
+        f"default: {DEFAULT_ADDRESS})",
+    )
+    group.add_argument(
+        "--tenant",
+        default=default(os.environ.get(TENANT_ENV, "")),
+        help=f"act in this tenant (env: {TENANT_ENV}; default: the daemon's 'default', "
+        "or with auth on the credential's own tenant)",
+    )
+    _add_credentials(group, default)
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=default(30.0),
+        metavar="SECONDS",
+        help="deadline of each call (verify and gc: at least an hour) (default: 30)",
+    )
+    group.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON for scripts"
+    )
+    group.add_argument(
+        "--progress",
+        choices=("auto", "always", "never"),
+        default=default("auto"),
+        help="progress line on stderr for verify, gc, export and import (auto: on a terminal)",
+    )
+
+
+def _accept_global_options_after(parser: argparse.ArgumentParser) -> None:
+    """Repeat the global options on every subcommand below ``parser``."""
+    for child in subcommands(parser).values():
+        _add_global_options(child, after=True)
+        _accept_global_options_after(child)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands of ``parser`` by name (none for a leaf)."""
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action.choices)
+    return found
+
+
+def _add_sessions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sessions = sub.add_parser("sessions", help="list, show, watch or delete sessions")
+    sessions_sub = sessions.add_subparsers(dest="sessions_command", metavar="ACTION", required=True)
+    ls = sessions_sub.add_parser("ls", help="list sessions ordered by ID")
+    ls.add_argument("--prefix", default="", help="only IDs starting with this")
+    show = sessions_sub.add_parser("show", help="one session in detail")
+    show.add_argument("session_id")
+    rm = sessions_sub.add_parser("rm", help="delete sessions and their checkpoints")
+    rm.add_argument("session_ids", nargs="+", metavar="session_id")
+    watch = sessions_sub.add_parser(
+        "watch",
+        help="print the session's events as they happen, until Ctrl-C or its deletion",
+        description="Stream WatchSession: one line per event (one JSON object per line with "
+        "--json). Ends with exit 0 when the session is deleted, 130 on Ctrl-C.",
+    )
+    watch.add_argument("session_id")
+    watch.add_argument(
+        "--from-version",
+        type=int,
+        default=0,
+        metavar="V",
+        help="first replay the events after version V (default: only new events)",
+    )
+
+
+def _add_checkpoints(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    checkpoints = sub.add_parser("checkpoints", help="list, show and compare checkpoints")
+    cp_sub = checkpoints.add_subparsers(dest="checkpoints_command", metavar="ACTION", required=True)
+    cp_ls = cp_sub.add_parser("ls", help="checkpoints of a session, newest first")
+    cp_ls.add_argument("session_id")
+    cp_ls.add_argument("--namespace", default=None, help="only this namespace")
+    cp_ls.add_argument("--limit", type=int, default=0, help="at most this many (0 = all)")
+    show = cp_sub.add_parser(
+        "show", help="one checkpoint: metadata, parents, size, and its state decoded"
+    )
+    show.add_argument("session_id")
+    show.add_argument("checkpoint_id")
+    _add_decode(show)
+    diff = cp_sub.add_parser(
+        "diff",
+        help="what changed from checkpoint A to B: added, removed and changed JSON paths",
+        description="Compare two states. JSON states (or LangGraph checkpoints with "
+        "--decode langgraph) are compared value by value and each difference is named by "
+        "its JSON path; other states get a byte-level summary. Exit 0 whether or not they "
+        "differ.",
+    )
+    diff.add_argument("session_id")
+    diff.add_argument("checkpoint_a", metavar="A")
+    diff.add_argument("checkpoint_b", metavar="B")
+    _add_decode(diff)
+
+
+def _add_decode(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--decode",
+        choices=DECODERS,
+        default="auto",
+        help="how to read the state: auto (LangGraph if StratadSaver wrote it, else JSON if "
+        "it parses, else bytes), json, langgraph, or raw (default: auto)",
+    )
+
+
+#: How `--decode` may read a state (see stratad.ctl.decode).
+DECODERS = ("auto", "json", "langgraph", "raw")
+
+
+def _add_state(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    state = sub.add_parser("state", help="read a saved state")
+    state_sub = state.add_subparsers(dest="state_command", metavar="ACTION", required=True)
+    get = state_sub.add_parser(
+        "get", help="write a state's bytes to stdout or a file (latest, or --checkpoint)"
+    )
+    get.add_argument("session_id")
+    get.add_argument("--checkpoint", default="", metavar="ID", help="this checkpoint")
+    get.add_argument("--namespace", default="", help="the latest state of this namespace")
+    get.add_argument(
+        "-o", "--output", default="-", metavar="FILE", help="write here (default: stdout)"
+    )
+    get.add_argument(
+        "--decode",
+        choices=("langgraph",),
+        default=None,
+        help="langgraph: decode a checkpoint StratadSaver stored (its serializer's bytes) "
+        "and print it as JSON (needs langgraph installed)",
+    )
+
+
+def _add_credentials(group: Any, default: Callable[[object], object]) -> None:
     """--token and --tls* flags; unset ones come from the environment in the SDK."""
-    ctl.add_argument(
+    group.add_argument(
         "--token-file",
         metavar="FILE",
+        default=default(None),
         help="read the bearer token from FILE (env: STRATAD_TOKEN_FILE, or the token itself "
         "in STRATAD_TOKEN; a token on the command line would show in ps)",
     )
-    ctl.add_argument(
+    group.add_argument(
         "--tls",
         action="store_true",
-        default=None,
+        default=default(None),
         help="connect with TLS, trusting the system's CAs unless --tls-ca (env: STRATAD_TLS)",
     )
     for flag, env, text in (
@@ -189,8 +311,9 @@ def _add_credentials(ctl: argparse.ArgumentParser) -> None:
             "name to verify the daemon's certificate for, if not the host dialed",
         ),
     ):
-        ctl.add_argument(flag, metavar="FILE" if "name" not in flag else "NAME",
-                         help=f"{text}; implies --tls (env: {env})")  # fmt: skip
+        group.add_argument(flag, metavar="FILE" if "name" not in flag else "NAME",
+                           default=default(None),
+                           help=f"{text}; implies --tls (env: {env})")  # fmt: skip
 
 
 def _add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -215,4 +338,13 @@ def main(args: argparse.Namespace) -> int:
     return run(args)
 
 
-__all__ = ["ADDRESS_ENV", "DEFAULT_ADDRESS", "TENANT_ENV", "add_parser", "main"]
+__all__ = [
+    "ADDRESS_ENV",
+    "DECODERS",
+    "DEFAULT_ADDRESS",
+    "SHELLS",
+    "TENANT_ENV",
+    "add_parser",
+    "main",
+    "subcommands",
+]

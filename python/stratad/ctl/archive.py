@@ -6,6 +6,15 @@ An archive is a plain (uncompressed) tar file holding:
     MANIFEST.json.blake3   lowercase hex BLAKE3 of MANIFEST.json
     chunks/<blake3>.zst    one content-defined chunk of state, zstd-compressed
 
+Besides each checkpoint's state, format version 2 carries everything else a
+client can read back: each checkpoint's pending writes (LangGraph's
+put_writes: task, path, index, channel, type and value) and the structured
+state it captured (cognitive state, tasks, agent state, as JSON), and the
+session's current structured state. Each of these values is a *blob*: its
+size, BLAKE3 and chunk list, stored in ``chunks/`` like a state (a decision
+log that grows from checkpoint to checkpoint shares its chunks). Version 1
+archives (states only) still import.
+
 States are cut into chunks with stratad's FastCDC parameters, so that the
 successive checkpoints of a growing state share chunks in the archive as they
 do in the store: each chunk is stored once, named by the BLAKE3 of its
@@ -48,7 +57,9 @@ from stratad import __version__, native
 from stratad.errors import DataLossError, DecompressionLimitError, ResourceExhaustedError
 
 FORMAT = "stratad-session-archive"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions `ArchiveReader` reads: 1 (states only) and 2 (+ pending writes, structured state).
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "MANIFEST.json"
 MANIFEST_DIGEST = "MANIFEST.json.blake3"
 CHUNK_DIR = "chunks/"
@@ -73,6 +84,40 @@ class ArchiveError(DataLossError):
 
 
 @dataclass
+class ArchivedBlob:
+    """A value stored as chunks: a pending write's value, a structured state."""
+
+    size: int
+    digest: str
+    chunks: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "digest": self.digest, "chunks": self.chunks}
+
+
+@dataclass
+class ArchivedWrite:
+    """One pending write of a checkpoint (PutWrites)."""
+
+    task_id: str
+    task_path: str
+    idx: int
+    channel: str
+    type: str
+    value: ArchivedBlob
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "task_path": self.task_path,
+            "idx": self.idx,
+            "channel": self.channel,
+            "type": self.type,
+            **self.value.to_json(),
+        }
+
+
+@dataclass
 class ArchivedCheckpoint:
     checkpoint_id: str
     parent_checkpoint_id: str
@@ -85,9 +130,28 @@ class ArchivedCheckpoint:
     size: int
     digest: str
     chunks: list[str]
+    pending_writes: list[ArchivedWrite] = field(default_factory=list)
+    #: The structured state captured with it (None: none).
+    structured: ArchivedBlob | None = None
+
+    @property
+    def state_blob(self) -> ArchivedBlob:
+        return ArchivedBlob(self.size, self.digest, self.chunks)
+
+    def blobs(self) -> Iterator[tuple[str, ArchivedBlob]]:
+        """Every blob of the checkpoint with a label for messages: state, structured, writes."""
+        yield f"checkpoint {self.checkpoint_id}", self.state_blob
+        if self.structured is not None:
+            yield f"the structured state of checkpoint {self.checkpoint_id}", self.structured
+        for w in self.pending_writes:
+            yield f"pending write {w.task_id}/{w.idx} of checkpoint {self.checkpoint_id}", w.value
 
     def to_json(self) -> dict[str, Any]:
+        extras: dict[str, Any] = {"pending_writes": [w.to_json() for w in self.pending_writes]}
+        if self.structured is not None:
+            extras["structured"] = self.structured.to_json()
         return {
+            **extras,
             "checkpoint_id": self.checkpoint_id,
             "parent_checkpoint_id": self.parent_checkpoint_id,
             "namespace": self.namespace,
@@ -113,9 +177,13 @@ class ArchivedSession:
     forked_from_checkpoint_id: str = ""
     created_at: str = ""
     version: int = 0
+    #: Its structured state when exported (None: none).
+    structured: ArchivedBlob | None = None
 
     def to_json(self) -> dict[str, Any]:
+        extras = {"structured": self.structured.to_json()} if self.structured is not None else {}
         return {
+            **extras,
             "session_id": self.session_id,
             "status": self.status,
             "labels": self.labels,
@@ -200,12 +268,20 @@ class ArchiveWriter:
             self.discard()
 
     def add_checkpoint(self, checkpoint: ArchivedCheckpoint, data: bytes) -> None:
-        """Store ``data`` (the checkpoint's state) as chunks the archive lacks."""
+        """Store ``data`` (the checkpoint's state) as chunks the archive lacks.
+
+        Its pending writes and structured state are blobs already added (`add_blob`).
+        """
         if native.digest_hex(data) != checkpoint.digest or len(data) != checkpoint.size:
             raise DataLossError(
                 f"checkpoint {checkpoint.checkpoint_id}: the state read does not match "
                 "its recorded digest"
             )
+        checkpoint.chunks = self.add_blob(data).chunks
+        self.manifest.checkpoints.append(checkpoint)
+
+    def add_blob(self, data: bytes) -> ArchivedBlob:
+        """Store ``data`` as chunks the archive lacks; its reference for the manifest."""
         chunks = []
         for offset, length in native.chunk_boundaries(data) if data else []:
             piece = data[offset : offset + length]
@@ -214,8 +290,7 @@ class ArchiveWriter:
             name = chunk_entry(digest)
             if name not in self.manifest.entries:
                 self._add(name, native.compress(piece))
-        checkpoint.chunks = chunks
-        self.manifest.checkpoints.append(checkpoint)
+        return ArchivedBlob(len(data), native.digest_hex(data), chunks)
 
     def _add(self, name: str, payload: bytes, *, listed: bool = True) -> None:
         info = tarfile.TarInfo(name)
@@ -340,9 +415,10 @@ class ArchiveReader:
         ``progress``, if given, is called as ``progress(done, total)`` per entry.
         """
         self._check_members()
-        for cp in self.manifest.checkpoints:
-            self._check_state_size(cp)
-        total = len(self.manifest.entries) + len(self.manifest.checkpoints)
+        blobs = list(self._blobs())
+        for label, blob in blobs:
+            self._check_blob_size(label, blob)
+        total = len(self.manifest.entries) + len(blobs)
         done = 0
         for name, (_, digest) in sorted(self.manifest.entries.items()):
             stored = self._stored_chunk(name)
@@ -353,12 +429,18 @@ class ArchiveReader:
             done += 1
             if progress is not None:
                 progress(done, total)
-        for cp in self.manifest.checkpoints:
-            self._check_chunk_total(cp)
-            self.state(cp)
+        for label, blob in blobs:
+            self._check_chunk_total(label, blob)
+            self.blob(label, blob)
             done += 1
             if progress is not None:
                 progress(done, total)
+
+    def _blobs(self) -> Iterator[tuple[str, ArchivedBlob]]:
+        for cp in self.manifest.checkpoints:
+            yield from cp.blobs()
+        if self.manifest.session.structured is not None:
+            yield "the session's structured state", self.manifest.session.structured
 
     def _check_members(self) -> None:
         """Exactly the listed regular files, each of the size the manifest gives."""
@@ -380,32 +462,30 @@ class ArchiveReader:
             if member.size != size:
                 raise ArchiveError(f"{name}: {member.size} bytes, the manifest says {size}")
 
-    def _check_state_size(self, cp: ArchivedCheckpoint) -> None:
-        if cp.size > self.max_state_bytes:
+    def _check_blob_size(self, label: str, blob: ArchivedBlob) -> None:
+        if blob.size > self.max_state_bytes:
             raise ArchiveError(
-                f"checkpoint {cp.checkpoint_id} declares a state of {cp.size} bytes, more than "
-                f"the maximum state size of {self.max_state_bytes} bytes (--max-state-bytes)"
+                f"{label} declares a state of {blob.size} bytes, more than the maximum state size "
+                f"of {self.max_state_bytes} bytes (--max-state-bytes)"
             )
 
-    def _check_chunk_total(self, cp: ArchivedCheckpoint) -> None:
+    def _check_chunk_total(self, label: str, blob: ArchivedBlob) -> None:
         """Its chunks (lengths known from `verify`) add up to its declared size."""
         total = 0
-        for digest in cp.chunks:
+        for digest in blob.chunks:
             if chunk_entry(digest) not in self.manifest.entries:
-                raise ArchiveError(f"checkpoint {cp.checkpoint_id}: chunk {digest} is missing")
+                raise ArchiveError(f"{label}: chunk {digest} is missing")
             total += self._lengths[digest]
-            if total > cp.size:
-                raise self._overrun(cp)
-        if total != cp.size:
+            if total > blob.size:
+                raise self._overrun(label, blob)
+        if total != blob.size:
             raise ArchiveError(
-                f"checkpoint {cp.checkpoint_id}: its chunks add up to {total} bytes, "
-                f"it declares {cp.size}"
+                f"{label}: its chunks add up to {total} bytes, it declares {blob.size}"
             )
 
-    def _overrun(self, cp: ArchivedCheckpoint) -> ArchiveError:
+    def _overrun(self, label: str, blob: ArchivedBlob) -> ArchiveError:
         return ArchiveError(
-            f"checkpoint {cp.checkpoint_id}: its chunks add up to more than the "
-            f"{cp.size} bytes it declares"
+            f"{label}: its chunks add up to more than the {blob.size} bytes it declares"
         )
 
     def _stored_chunk(self, name: str) -> bytes:
@@ -426,14 +506,14 @@ class ArchiveReader:
             raise ArchiveError(f"chunk {digest} does not match its BLAKE3 digest")
         return data
 
-    def _piece(self, cp: ArchivedCheckpoint, digest: str, room: int) -> bytes:
-        """One chunk of ``cp``'s state, of at most ``room`` bytes (what its size has left)."""
+    def _piece(self, label: str, blob: ArchivedBlob, digest: str, room: int) -> bytes:
+        """One chunk of a blob, of at most ``room`` bytes (what its size has left)."""
         data = self._cache.get(digest)
         if data is None:
-            data = self._decode_piece(cp, digest, room)
+            data = self._decode_piece(label, blob, digest, room)
             self._remember(digest, data)
         if len(data) > room:
-            raise self._overrun(cp)
+            raise self._overrun(label, blob)
         return data
 
     def _remember(self, digest: str, data: bytes) -> None:
@@ -444,36 +524,37 @@ class ArchiveReader:
             self._cache[digest] = data
             self._cache_bytes += len(data)
 
-    def _decode_piece(self, cp: ArchivedCheckpoint, digest: str, room: int) -> bytes:
+    def _decode_piece(self, label: str, blob: ArchivedBlob, digest: str, room: int) -> bytes:
         stored = self._stored_chunk(chunk_entry(digest))
         try:
             return self._decode_chunk(digest, stored, min(room, MAX_CHUNK_BYTES))
         except DecompressionLimitError:
             if room < MAX_CHUNK_BYTES:
-                raise self._overrun(cp) from None
+                raise self._overrun(label, blob) from None
             raise ArchiveError(
                 f"chunk {digest} decompresses to more than {MAX_CHUNK_BYTES} bytes"
             ) from None
 
     def state(self, cp: ArchivedCheckpoint) -> bytes:
         """The checkpoint's state, reassembled and checked against its size and digest."""
-        self._check_state_size(cp)
+        return self.blob(f"checkpoint {cp.checkpoint_id}", cp.state_blob)
+
+    def blob(self, label: str, blob: ArchivedBlob) -> bytes:
+        """A blob's bytes, reassembled and checked against its size and digest."""
+        self._check_blob_size(label, blob)
         # BytesIO grows in place and getvalue() hands over its buffer without a copy:
         # one state in memory, not the pieces plus their join.
         buffer = io.BytesIO()
-        for digest in cp.chunks:
-            buffer.write(self._piece(cp, digest, cp.size - buffer.tell()))
-        if buffer.tell() != cp.size:
+        for digest in blob.chunks:
+            buffer.write(self._piece(label, blob, digest, blob.size - buffer.tell()))
+        if buffer.tell() != blob.size:
             raise ArchiveError(
-                f"checkpoint {cp.checkpoint_id}: its chunks add up to {buffer.tell()} bytes, "
-                f"it declares {cp.size}"
+                f"{label}: its chunks add up to {buffer.tell()} bytes, it declares {blob.size}"
             )
         data = buffer.getvalue()
         buffer.close()
-        if native.digest_hex(data) != cp.digest:
-            raise ArchiveError(
-                f"checkpoint {cp.checkpoint_id}: the reassembled state does not match its digest"
-            )
+        if native.digest_hex(data) != blob.digest:
+            raise ArchiveError(f"{label}: the reassembled state does not match its digest")
         return data
 
     def states(self) -> Iterator[tuple[ArchivedCheckpoint, bytes]]:
@@ -511,10 +592,10 @@ class _ClampedFile(io.FileIO):
 def _parse_manifest(raw: Any) -> Manifest:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"format is not {FORMAT!r}")
-    if raw.get("format_version") != FORMAT_VERSION:
+    if raw.get("format_version") not in READABLE_VERSIONS:
         raise ValueError(
             f"format_version {raw.get('format_version')!r} is not supported "
-            f"(this stratad reads version {FORMAT_VERSION})"
+            f"(this stratad reads versions {', '.join(map(str, READABLE_VERSIONS))})"
         )
     s = raw["session"]
     retention = s.get("retention") or {}
@@ -528,6 +609,7 @@ def _parse_manifest(raw: Any) -> Manifest:
         forked_from_checkpoint_id=_str(s.get("forked_from_checkpoint_id", "")),
         created_at=_str(s.get("created_at", "")),
         version=_int(s.get("version", 0)),
+        structured=_blob_or_none(s.get("structured")),
     )
     entries = {}
     for name, entry in _dict(raw["entries"]).items():
@@ -550,13 +632,17 @@ def _parse_manifest(raw: Any) -> Manifest:
             size=_int(c["size"]),
             digest=_str(c["digest"]),
             chunks=[_str(d) for d in c["chunks"]],
+            pending_writes=[_write(w) for w in c.get("pending_writes", [])],
+            structured=_blob_or_none(c.get("structured")),
         )
         if cp.checkpoint_id in seen:
             raise ValueError(f"checkpoint {cp.checkpoint_id} is listed twice")
         seen.add(cp.checkpoint_id)
-        if not _HEX64.fullmatch(cp.digest) or not all(_HEX64.fullmatch(d) for d in cp.chunks):
+        if not all(_well_formed(blob) for _, blob in cp.blobs()):
             raise ValueError(f"checkpoint {cp.checkpoint_id}: a digest is malformed")
         checkpoints.append(cp)
+    if session.structured is not None and not _well_formed(session.structured):
+        raise ValueError("the session's structured state: a digest is malformed")
     source = {_str(k): _str(v) for k, v in _dict(raw.get("source", {})).items()}
     return Manifest(
         session=session,
@@ -566,6 +652,38 @@ def _parse_manifest(raw: Any) -> Manifest:
         stratad_version=_str(raw.get("stratad_version", "")),
         source=source,
     )
+
+
+def _blob(raw: Any) -> ArchivedBlob:
+    raw = _dict(raw)
+    return ArchivedBlob(
+        size=_int(raw["size"]),
+        digest=_str(raw["digest"]),
+        chunks=[_str(d) for d in raw["chunks"]],
+    )
+
+
+def _blob_or_none(raw: Any) -> ArchivedBlob | None:
+    return None if raw is None else _blob(raw)
+
+
+def _write(raw: Any) -> ArchivedWrite:
+    raw = _dict(raw)
+    idx = raw["idx"]
+    if isinstance(idx, bool) or not isinstance(idx, int) or not -(2**31) <= idx < 2**31:
+        raise TypeError(f"expected a 32-bit integer idx, got {idx!r}")
+    return ArchivedWrite(
+        task_id=_str(raw["task_id"]),
+        task_path=_str(raw.get("task_path", "")),
+        idx=idx,
+        channel=_str(raw["channel"]),
+        type=_str(raw.get("type", "")),
+        value=_blob(raw),
+    )
+
+
+def _well_formed(blob: ArchivedBlob) -> bool:
+    return bool(_HEX64.fullmatch(blob.digest)) and all(_HEX64.fullmatch(d) for d in blob.chunks)
 
 
 def _str(value: Any) -> str:
@@ -591,10 +709,13 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "MAX_MANIFEST_BYTES",
+    "READABLE_VERSIONS",
     "ArchiveError",
     "ArchiveReader",
     "ArchiveWriter",
+    "ArchivedBlob",
     "ArchivedCheckpoint",
     "ArchivedSession",
+    "ArchivedWrite",
     "Manifest",
 ]

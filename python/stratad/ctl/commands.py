@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -20,9 +21,12 @@ from google.protobuf import json_format, timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stratad.api.v1 import admin_pb2, checkpoint_pb2, common_pb2, session_pb2
+from stratad.ctl import decode
 from stratad.ctl.archive import (
+    ArchivedBlob,
     ArchivedCheckpoint,
     ArchivedSession,
+    ArchivedWrite,
     ArchiveError,
     ArchiveReader,
     ArchiveWriter,
@@ -126,6 +130,11 @@ def connection_of(args: argparse.Namespace) -> Connection:
 def run(args: argparse.Namespace) -> int:
     if args.ctl_command == "token":  # offline: no daemon, no connection
         return run_token(args)
+    if args.ctl_command == "completion":
+        from stratad.ctl.completion import completion_script
+
+        sys.stdout.write(completion_script(args.shell))
+        return EXIT_OK
     try:
         connection = connection_of(args)
     except (OSError, ValueError) as exc:
@@ -317,10 +326,18 @@ def cmd_state_get(ctl: Ctl, args: argparse.Namespace) -> int:
         "size": len(loaded.data),
         "metadata": json_format.MessageToDict(loaded.metadata),
     }
+    if args.decode == "langgraph":
+        info["state"] = decode.decode_langgraph(loaded.data, loaded.content_type)
+        document = info if ctl.json else info["state"]
+        text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+        if args.output == "-":
+            ctl.out.write(text)
+            ctl.out.flush()
+        else:
+            write_atomically(Path(args.output), text.encode())
+        return EXIT_OK
     if args.output == "-":
         if ctl.json:
-            import base64
-
             info["data_base64"] = base64.b64encode(loaded.data).decode()
             ctl.emit(info, "")
         else:
@@ -347,6 +364,182 @@ def write_atomically(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def cmd_checkpoints_show(ctl: Ctl, args: argparse.Namespace) -> int:
+    loaded = ctl.client.load_state_with_writes(args.session_id, args.checkpoint_id)
+    cp = loaded.checkpoint
+    decoded = decode.decode(loaded.data, cp.content_type or loaded.content_type, args.decode)
+    ancestors = _ancestors(ctl, args.session_id, cp.parent_checkpoint_id)
+    checkpoint = to_dict(cp)
+    checkpoint.pop("pending_writes", None)  # listed below, without their values
+    writes = [
+        {
+            "task_id": w.task_id,
+            "task_path": w.task_path,
+            "idx": w.idx,
+            "channel": w.channel,
+            "type": w.type,
+            "size": len(w.value),
+        }
+        for w in cp.pending_writes
+    ]
+    document = {
+        "checkpoint": checkpoint,
+        "ancestors": ancestors,
+        "pending_writes": writes,
+        "state": _state_document(decoded),
+    }
+
+    def text() -> str:
+        lines = [
+            f"checkpoint:   {cp.checkpoint_id}",
+            f"session:      {args.session_id}",
+            f"created:      {when(cp.created_at)}",
+            f"version:      {cp.version}",
+            f"namespace:    {cp.namespace or '-'}",
+            f"name:         {cp.name or '-'}",
+            f"content type: {cp.content_type or '-'}",
+            f"size:         {cp.size} ({human_bytes(cp.size)}), "
+            f"stored {human_bytes(cp.stored_bytes)}",
+            f"digest:       {cp.digest}",
+            f"parent:       {cp.parent_checkpoint_id or '-'}",
+        ]
+        if len(ancestors) > 1:
+            lines.append(f"ancestors:    {' <- '.join(ancestors)}")
+        lines.append(f"pending writes: {cp.pending_write_count}")
+        for w in writes:
+            lines.append(f"  {w['task_id']} #{w['idx']} {w['channel']} ({w['size']} bytes)")
+        metadata = json_format.MessageToDict(cp.metadata)
+        lines.append("metadata:     " + (json.dumps(metadata, sort_keys=True) if metadata else "-"))
+        lines.append(f"state ({decoded.kind}):")
+        lines.append(_state_text(decoded))
+        return "\n".join(lines)
+
+    ctl.emit(document, text)
+    return EXIT_OK
+
+
+def _ancestors(ctl: Ctl, session_id: str, parent: str) -> list[str]:
+    """The chain of parents, nearest first, as far as the session still holds them."""
+    if not parent:
+        return []
+    parents = {
+        c.checkpoint_id: c.parent_checkpoint_id for c in ctl.client.list_checkpoints(session_id)
+    }
+    chain = []
+    while parent and parent not in chain:
+        chain.append(parent)
+        parent = parents.get(parent, "")
+    return chain
+
+
+def _state_document(decoded: decode.Decoded) -> dict[str, Any]:
+    if decoded.kind == "bytes":
+        data: bytes = decoded.value
+        return {"kind": "bytes", "size": len(data), "base64": base64.b64encode(data).decode()}
+    return {"kind": decoded.kind, "value": decoded.value}
+
+
+#: Bytes of a non-JSON state `checkpoints show` prints (as a hex dump) without --json.
+SHOW_BYTES = 256
+
+
+def _state_text(decoded: decode.Decoded) -> str:
+    if decoded.kind != "bytes":
+        return json.dumps(decoded.value, indent=2, ensure_ascii=False)
+    data: bytes = decoded.value
+    lines = [
+        f"  {offset:08x}  {data[offset : offset + 16].hex(' ')}"
+        for offset in range(0, min(len(data), SHOW_BYTES), 16)
+    ]
+    if len(data) > SHOW_BYTES:
+        lines.append(f"  ... {len(data) - SHOW_BYTES} more bytes (state get writes them all)")
+    return "\n".join(lines) or "  (empty)"
+
+
+def cmd_checkpoints_diff(ctl: Ctl, args: argparse.Namespace) -> int:
+    a = ctl.client.load_state(args.session_id, args.checkpoint_a)
+    b = ctl.client.load_state(args.session_id, args.checkpoint_b)
+    decoded_a = decode.decode(a.data, a.content_type, args.decode)
+    decoded_b = decode.decode(b.data, b.content_type, args.decode)
+    header = {"session_id": args.session_id, "a": a.checkpoint_id, "b": b.checkpoint_id}
+    if decoded_a.kind == "bytes" or decoded_b.kind == "bytes":
+        summary = decode.byte_diff(a.data, b.data)
+        ctl.emit({**header, "kind": "bytes", **summary}, lambda: _byte_diff_text(summary))
+        return EXIT_OK
+    changes = decode.diff(decoded_a.value, decoded_b.value)
+    counts = {
+        op: sum(1 for c in changes if c["op"] == op) for op in ("added", "removed", "changed")
+    }
+    ctl.emit(
+        {**header, "kind": decoded_a.kind, "identical": not changes, **counts, "changes": changes},
+        lambda: _diff_text(changes),
+    )
+    return EXIT_OK
+
+
+def _diff_text(changes: list[dict[str, Any]]) -> str:
+    if not changes:
+        return "identical"
+    sign = {"added": "+", "removed": "-", "changed": "~"}
+    lines = []
+    for change in changes:
+        path = change["path"] or "/"
+        if change["op"] == "changed":
+            detail = f"{_short(change['before'])} -> {_short(change['after'])}"
+        else:
+            detail = _short(change.get("after", change.get("before")))
+        lines.append(f"{sign[change['op']]} {path}: {detail}")
+    return "\n".join(lines)
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _byte_diff_text(summary: dict[str, Any]) -> str:
+    if summary["identical"]:
+        return f"identical ({summary['size_a']} bytes)"
+    return "\n".join(
+        [
+            f"not JSON: compared as bytes; {summary['size_a']} -> {summary['size_b']} bytes",
+            f"first difference at byte {summary['first_difference_at']}; common prefix "
+            f"{summary['common_prefix_bytes']} bytes, common suffix "
+            f"{summary['common_suffix_bytes']} bytes",
+            f"chunks shared: {summary['chunks_shared']} of {summary['chunks_a']} / "
+            f"{summary['chunks_b']} ({human_bytes(summary['bytes_shared'])})",
+        ]
+    )
+
+
+def cmd_sessions_watch(ctl: Ctl, args: argparse.Namespace) -> int:
+    """Print events until the stream ends (deletion, daemon stopping) or Ctrl-C."""
+    if args.from_version < 0:
+        raise CtlError("--from-version must not be negative")
+    # No deadline: a watch lasts as long as the operator wants it to.
+    events = ctl.client.watch_session(args.session_id, args.from_version, timeout=None)
+    with contextlib.closing(events):  # type: ignore[type-var]  # a generator: close() cancels
+        for event in events:
+            if ctl.json:
+                document = to_dict(event)
+                document["status"] = STATUS_NAMES.get(event.status, str(event.status))
+                ctl.out.write(json.dumps(document) + "\n")
+            else:
+                ctl.out.write(_event_text(event) + "\n")
+            ctl.out.flush()
+    ctl.note(f"the watch of {args.session_id} ended (session deleted, or the daemon stopping)")
+    return EXIT_OK
+
+
+def _event_text(event: session_pb2.SessionEvent) -> str:
+    parts = [when(event.at), f"v{event.version}", event.kind]
+    if event.checkpoint_id:
+        parts.append(event.checkpoint_id)
+    if event.status:
+        parts.append(STATUS_NAMES.get(event.status, str(event.status)))
+    return "  ".join(parts)
 
 
 # --- maintenance ------------------------------------------------------------------------------
@@ -489,15 +682,18 @@ def cmd_export(ctl: Ctl, args: argparse.Namespace) -> int:
     ):
         for cp in checkpoints:
             try:
-                loaded = client.load_state(args.session_id, cp.checkpoint_id)
+                loaded = _load_everything(client, args.session_id, cp.checkpoint_id)
             except NotFoundError:
                 raise CtlError(
                     f"checkpoint {cp.checkpoint_id} disappeared during the export "
                     "(retention or a delete): export again, or pause the session first"
                 ) from None
-            writer.add_checkpoint(_archived_checkpoint(cp), loaded.data)
+            archived_cp = _archived_checkpoint(cp)
+            _add_extras(writer, archived_cp, loaded)
+            writer.add_checkpoint(archived_cp, loaded.data)
             logical += len(loaded.data)
             progress.advance()
+        archived.structured = _structured_blob(writer, _current_structured(client, args.session_id))
     after = client.get_session(args.session_id)
     if after.version != session.version:
         ctl.note(
@@ -519,6 +715,50 @@ def cmd_export(ctl: Ctl, args: argparse.Namespace) -> int:
         f"{human_bytes(logical)} of state in {human_bytes(size)} to {path}",
     )
     return EXIT_OK
+
+
+def _load_everything(
+    client: Client, session_id: str, checkpoint_id: str
+) -> checkpoint_pb2.LoadStateResponse:
+    """A checkpoint's state, pending writes and captured structured state in one call."""
+    request = checkpoint_pb2.LoadStateRequest(
+        session_id=session_id,
+        checkpoint_id=checkpoint_id,
+        include_writes=True,
+        include_structured=True,
+    )
+    return client.call(client.checkpoints.LoadState, request)  # type: ignore[no-any-return]
+
+
+def _add_extras(
+    writer: ArchiveWriter, cp: ArchivedCheckpoint, loaded: checkpoint_pb2.LoadStateResponse
+) -> None:
+    """Store a checkpoint's pending writes and structured state as blobs of the archive."""
+    cp.structured = _structured_blob(writer, loaded.structured_json)
+    cp.pending_writes = [
+        ArchivedWrite(
+            task_id=w.task_id,
+            task_path=w.task_path,
+            idx=w.idx,
+            channel=w.channel,
+            type=w.type,
+            value=writer.add_blob(w.value),
+        )
+        for w in loaded.checkpoint.pending_writes
+    ]
+
+
+def _structured_blob(writer: ArchiveWriter, structured_json: bytes) -> ArchivedBlob | None:
+    """None for no structured state (a checkpoint that captured none, or ``{}``)."""
+    if not structured_json or structured_json.strip() == b"{}":
+        return None
+    return writer.add_blob(structured_json)
+
+
+def _current_structured(client: Client, session_id: str) -> bytes:
+    request = session_pb2.GetStructuredStateRequest(session_id=session_id)
+    response = client.call(client.sessions.GetStructuredState, request)
+    return bytes(response.structured_json)
 
 
 def _archived_checkpoint(cp: checkpoint_pb2.Checkpoint) -> ArchivedCheckpoint:
@@ -586,6 +826,9 @@ class _Importer:
         self.imported: set[str] = set()
         self.notes: list[str] = []
         self.status = "active"
+        self.has_structured = self.manifest.session.structured is not None or any(
+            cp.structured is not None for cp in self.manifest.checkpoints
+        )
 
     def run(self) -> None:
         s = self.manifest.session
@@ -615,11 +858,39 @@ class _Importer:
                     self._named(cp, data)
                 else:
                     self._save(cp, data, cp.checkpoint_id)
+                self._put_writes(cp)
                 self.imported.add(cp.checkpoint_id)
                 progress.advance()
 
+    def _set_structured(self, blob: ArchivedBlob | None) -> None:
+        """Make the session's structured state ``blob``'s (None: none) before a capture.
+
+        Never called for an archive without structured state (a version 1
+        archive, or a session that had none): its import needs no more than
+        a daemon that predates ReplaceStructuredState.
+        """
+        if not self.has_structured:
+            return
+        data = self.reader.blob("structured state", blob) if blob is not None else b"{}"
+        request = session_pb2.ReplaceStructuredStateRequest(
+            session_id=self.session_id, structured_json=data
+        )
+        self.client.call(self.client.sessions.ReplaceStructuredState, request)
+
+    def _put_writes(self, cp: ArchivedCheckpoint) -> None:
+        """The checkpoint's pending writes, one PutWrites per task (in the archive's order)."""
+        tasks: dict[tuple[str, str], list[tuple[int, str, str, bytes]]] = {}
+        for w in cp.pending_writes:
+            value = self.reader.blob(f"pending write {w.task_id}/{w.idx}", w.value)
+            tasks.setdefault((w.task_id, w.task_path), []).append((w.idx, w.channel, w.type, value))
+        for (task_id, task_path), writes in tasks.items():
+            self.client.put_writes(
+                self.session_id, cp.checkpoint_id, task_id, writes, task_path=task_path
+            )
+
     def _save(self, cp: ArchivedCheckpoint, data: bytes, checkpoint_id: str) -> str:
         parent = cp.parent_checkpoint_id if cp.parent_checkpoint_id in self.imported else ""
+        self._set_structured(cp.structured)  # what the save captures with the checkpoint
         saved = self.client.save_state(
             self.session_id,
             data,
@@ -646,6 +917,7 @@ class _Importer:
             # The parent is not in the archive (dropped by retention or deleted):
             # save the state under a temporary ID, pin it, then delete it.
             temporary = self._save(cp, data, "")
+        self._set_structured(cp.structured)
         created = self.client.create_checkpoint(
             self.session_id, cp.name, metadata=cp.metadata, checkpoint_id=cp.checkpoint_id
         )
@@ -665,6 +937,8 @@ class _Importer:
         s = self.manifest.session
         if s.head_checkpoint_id in self.imported and self.head != s.head_checkpoint_id:
             self.client.restore_checkpoint(s.head_checkpoint_id, make_current=True)
+        # Last: restoring a checkpoint brings back the structured state it captured.
+        self._set_structured(s.structured)
         listed = {c.checkpoint_id: c.digest for c in self.client.list_checkpoints(self.session_id)}
         expected = {c.checkpoint_id: c.digest for c in self.manifest.checkpoints}
         if listed != expected:
@@ -716,7 +990,10 @@ def _iter_commands() -> Iterator[tuple[tuple[str, ...], Callable[[Ctl, argparse.
     yield ("sessions", "ls"), cmd_sessions_ls
     yield ("sessions", "show"), cmd_sessions_show
     yield ("sessions", "rm"), cmd_sessions_rm
+    yield ("sessions", "watch"), cmd_sessions_watch
     yield ("checkpoints", "ls"), cmd_checkpoints_ls
+    yield ("checkpoints", "show"), cmd_checkpoints_show
+    yield ("checkpoints", "diff"), cmd_checkpoints_diff
     yield ("state", "get"), cmd_state_get
     yield ("verify",), cmd_verify
     yield ("gc",), cmd_gc

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from stratad import tracing
 from stratad.domain.models import Checkpoint
 from stratad.domain.sessions import LiveSession, SessionManager
 from stratad.errors import DataLossError
 from stratad.store import manifest
 from stratad.store.tenant import ROOT_EMPTY, ROOT_MANIFEST, TenantStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,7 +61,7 @@ class StoreStats:
     objects: int = 0
     logical_bytes: int = 0  # sum of the sizes of every checkpoint's state
     unique_bytes: int = 0  # uncompressed bytes of the distinct chunks referenced
-    stored_bytes: int = 0  # object files + journals on disk
+    stored_bytes: int = 0  # objects (frame bytes) + journals on disk
 
     @property
     def dedup_ratio(self) -> float:
@@ -100,9 +104,16 @@ class Admin:
         """
         report = GcReport()
         started = time.monotonic()
-        for store in self._tenants(tenant):
-            self._collect_tenant(store, report)
-            self._collect_remote(store.name, report)
+        with tracing.span("stratad.gc", {"stratad.tenant": tenant or "*"}):
+            for store in self._tenants(tenant):
+                self._collect_tenant(store, report)
+                self._collect_remote(store.name, report)
+            tracing.annotate(
+                {
+                    "stratad.gc.objects_removed": report.objects_removed,
+                    "stratad.gc.bytes_freed": report.bytes_freed,
+                }
+            )
         report.seconds = time.monotonic() - started
         return report
 
@@ -117,10 +128,14 @@ class Admin:
 
     def _collect_tenant(self, store: TenantStore, report: GcReport) -> None:
         with store.gc_running:
-            self._mark_and_sweep(store, report)
+            with store.objects.collecting() as started:
+                self._mark_and_sweep(store, report, started)
+            store.objects.write_tombstones()
+            packs, freed = store.objects.compact()
+            if packs:
+                log.info("tenant %s: compacted %d packs, %d bytes freed", store.name, packs, freed)
 
-    def _mark_and_sweep(self, store: TenantStore, report: GcReport) -> None:
-        started = time.time()
+    def _mark_and_sweep(self, store: TenantStore, report: GcReport, started: float) -> None:
         with store.gc_lock:
             store.gc_touched = set()
         try:
@@ -157,6 +172,17 @@ class Admin:
 
     def verify(self, tenant: str = "") -> VerifyReport:
         """Re-hash every object; name the corrupt ones and the sessions they affect."""
+        with tracing.span("stratad.verify", {"stratad.tenant": tenant or "*"}):
+            report = self._verify(tenant)
+            tracing.annotate(
+                {
+                    "stratad.verify.objects_checked": report.objects_checked,
+                    "stratad.verify.corrupt": len(report.corrupt),
+                }
+            )
+        return report
+
+    def _verify(self, tenant: str) -> VerifyReport:
         report = VerifyReport()
         for store in self._tenants(tenant):
             bad: dict[str, CorruptObject] = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,8 @@ class LoadResult:
     data: bytes
     checkpoint: Checkpoint
     version: int
+    #: With include_structured: the structured state the checkpoint captured (JSON).
+    structured: bytes = b""
 
 
 class Checkpoints:
@@ -349,7 +352,13 @@ class Checkpoints:
     # -- load ------------------------------------------------------------------
 
     def load_state(
-        self, tenant: str, session_id: str, checkpoint_id: str = "", namespace: str = ""
+        self,
+        tenant: str,
+        session_id: str,
+        checkpoint_id: str = "",
+        namespace: str = "",
+        *,
+        include_structured: bool = False,
     ) -> LoadResult:
         live = self.sessions.live(tenant, session_id)
         with live.lock:
@@ -365,7 +374,16 @@ class Checkpoints:
                 if cp is None:
                     raise NotFoundError(f"session {session_id!r} has no saved state")
             version = live.state.version
-        return LoadResult(self._read(live, cp), cp, version)
+            live.accessed_at = time.time()  # a read keeps the session from expiring
+        structured = self._read_structured(live, cp) if include_structured else b""
+        return LoadResult(self._read(live, cp), cp, version, structured)
+
+    def _read_structured(self, live: LiveSession, cp: Checkpoint) -> bytes:
+        """The checkpoint's structured-state capture (canonical JSON), b"" if none."""
+        ref = cp.structured
+        if not ref:
+            return b""
+        return live.tenant.read(ref["root"], ref["root_kind"], ref["size"], ref["digest"])
 
     def _read(self, live: LiveSession, cp: Checkpoint) -> bytes:
         """A checkpoint's verified bytes (read outside the session lock)."""

@@ -5,7 +5,7 @@ write leaves the session exactly as it was: RESOURCE_EXHAUSTED, reason
 QUOTA_EXCEEDED, the quota named in the message and in the error's metadata
 (``quota``, ``limit``, ``usage``).
 
-Stored bytes are the tenant's object files and session journals, as
+Stored bytes are the tenant's objects and session journals, as
 GetStoreStats counts them, read from running counters (`TenantStore.stored_bytes`)
 rather than by walking the store. Writes of a tenant's sessions run in
 parallel, each checked against the usage it sees: together they may overshoot

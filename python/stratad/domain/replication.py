@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from stratad import native
+from stratad import native, tracing
 from stratad.domain.admin import roots
 from stratad.domain.models import SessionState, apply
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
@@ -283,6 +283,12 @@ class Replicator:
 
     def _ship_locked(self, live: LiveSession, st: _Shipping, *, claim: bool = False) -> None:
         """Upload what the remote lacks of this session, then move its HEAD (st.lock held)."""
+        tenant, session = live.key
+        attributes = {"stratad.tenant": tenant, "stratad.session_id": session}
+        with tracing.span("stratad.replication.ship", attributes):
+            self._ship(live, st, claim=claim)
+
+    def _ship(self, live: LiveSession, st: _Shipping, *, claim: bool) -> None:
         started = time.time()
         with live.lock:
             if live.deleted:
@@ -294,6 +300,7 @@ class Replicator:
             data = _read_journal(live, start, end)
         if not data and not claim:
             return
+        tracing.annotate({"stratad.bytes": len(data), "stratad.replication.rebase": rebase})
         # Objects first: the records about to be shipped may reference any
         # object put before they were appended.
         self._upload_objects(live.tenant)
@@ -342,7 +349,10 @@ class Replicator:
                 if tenant.objects.has(digest):
                     frames.append((digest, tenant.objects.read_frame(digest)))
             try:
-                self.remote.upload_pack(tenant.name, frames)
+                with tracing.span(
+                    "stratad.replication.upload_pack", {"stratad.objects": len(frames)}
+                ):
+                    self.remote.upload_pack(tenant.name, frames)
             except BaseException:
                 with self._lock:  # try again next time
                     self._new_objects.setdefault(tenant.name, {}).update(queued)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stratad import tracing
 from stratad.domain.events import EventHub, SessionEvent
 from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import SessionState, SessionStatus, apply
@@ -77,6 +78,10 @@ class LiveSession:
     structured_dirty: bool = True
     #: Client-given checkpoint IDs reserved by the mutation being built.
     claimed: set[str] = field(default_factory=set)
+    #: Wall time of the last read of its state (or of its loading by this
+    #: daemon): with `state.updated_at`, what the idle-session TTL measures
+    #: (see domain/lifecycle.py). In memory only: a restart starts it afresh.
+    accessed_at: float = field(default_factory=time.time)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -454,15 +459,43 @@ class SessionManager:
             )
             self.quotas.check_sessions(store.name, existing)
 
-    def delete(self, tenant: str, session_id: str, expected_version: int = 0) -> None:
-        """Delete a session; its objects become garbage for CollectGarbage."""
+    def delete(
+        self,
+        tenant: str,
+        session_id: str,
+        expected_version: int = 0,
+        *,
+        only_if: Callable[[LiveSession], bool] | None = None,
+    ) -> bool:
+        """Delete a session; its objects become garbage for CollectGarbage.
+
+        ``only_if`` (the idle-session sweep's test) is checked under the
+        session's lock right before the deletion, so a write that took the
+        lock first wins: the session is then kept and False returned. A
+        replicated session's tombstone is written between a first check and
+        the deletion; a write that lands in that window cannot win any more
+        (the tombstone would make every later write fail): the deletion goes
+        on, and says so in the log.
+        """
         live = self.live(tenant, session_id)
+        if only_if is not None:
+            with live.lock:
+                if live.deleted or not only_if(live):
+                    return False
+        tombstoned = self.replicator is not None
         if self.replicator is not None:
             self.replicator.ensure_writable(live)
             self.replicator.session_deleted(live)
         with live.lock:
             check_usable(live, allow_damaged=True)
             check_version(live, expected_version)
+            if only_if is not None and not only_if(live):
+                if not tombstoned:
+                    return False
+                log.warning(
+                    "session %s/%s was written while its deletion's tombstone was being "
+                    "written to object storage: deleting it anyway", tenant, session_id,
+                )  # fmt: skip
             # Objects carried only by this journal must outlive it.
             self.store.persist_objects(live.tenant)
             trash = live.path.with_name(f"{_TRASH_PREFIX}{session_id}-{time.time_ns()}")
@@ -477,6 +510,7 @@ class SessionManager:
                     index.pop(checkpoint_id, None)
         shutil.rmtree(trash, ignore_errors=True)
         self.hub.publish(live.key, None)
+        return True
 
     # -- mutation ----------------------------------------------------------------
 
@@ -538,7 +572,8 @@ class SessionManager:
 
     def finish(self, commit: Commit) -> None:
         """Make a batch of mutations durable (one fsync per journal), then announce them."""
-        sync_all(commit)
+        with tracing.span("stratad.journal.fsync", {"stratad.batch.calls": 1}):
+            sync_all(commit)
         self.replicate(commit)
         self.announce(commit)
 

@@ -14,14 +14,16 @@ references under the session lock and convert them to protobuf outside it.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from stratad.domain.events import SessionEvent
-from stratad.domain.models import SessionState, SessionStatus
+from stratad.domain.models import SessionState, SessionStatus, reducer
 from stratad.domain.sessions import (
     Commit,
     LiveSession,
@@ -115,7 +117,67 @@ def read(
     live = sessions.live(tenant, session_id)
     with live.lock:
         check_usable(live)
+        live.accessed_at = time.time()  # a read keeps the session from expiring
         return Applied(fn(live.state), live.state.version)
+
+
+# -- the structured state as a whole (stratad ctl export / import) ----------------------
+
+#: The facets a session's structured state may hold (SessionState.structured keys).
+FACETS = ("cognitive", "tasks", "agent")
+#: The record kind of ReplaceStructuredState.
+REPLACE = "structured.replace"
+
+
+@reducer(REPLACE)
+def _apply_replace(state: SessionState, body: dict[str, Any]) -> None:
+    state.structured = copy.deepcopy(body["structured"])
+
+
+def canonical_json(structured: dict[str, Any]) -> bytes:
+    """The structured state as checkpoints capture it: sorted keys, no spaces."""
+    return json.dumps(structured, sort_keys=True, separators=(",", ":")).encode()
+
+
+def current_json(sessions: SessionManager, tenant: str, session_id: str) -> Applied[bytes]:
+    """The session's structured state now, as canonical JSON."""
+    return read(sessions, tenant, session_id, lambda s: canonical_json(s.structured))
+
+
+def parse_whole(structured_json: bytes) -> dict[str, Any]:
+    """A whole structured state sent by a client: a JSON object of known facets."""
+    try:
+        value = json.loads(structured_json or b"{}")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgumentError(f"structured_json is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError("structured_json must be a JSON object keyed by facet")
+    for facet, facet_state in value.items():
+        if facet not in FACETS:
+            raise InvalidArgumentError(
+                f"structured_json: unknown facet {facet!r} (known: {', '.join(FACETS)})"
+            )
+        if not isinstance(facet_state, dict):
+            raise InvalidArgumentError(f"structured_json: facet {facet!r} must be an object")
+    json_value(value, "structured_json", limit=1 << 62)  # finite numbers only
+    return value
+
+
+def replace_whole(
+    sessions: SessionManager,
+    tenant: str,
+    session_id: str,
+    structured: dict[str, Any],
+    expected_version: int = 0,
+) -> Applied[None]:
+    """Replace every facet at once (journaled like any facet change); unchanged: no record."""
+
+    def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], None]:
+        if live.state.structured == structured:
+            raise Unchanged(None)
+        return {"structured": structured}, None
+
+    return mutate(sessions, tenant, session_id, expected_version, REPLACE, plan)
 
 
 # -- validation -------------------------------------------------------------------------

@@ -15,6 +15,12 @@ variables when an argument is not given (None or empty):
 ``STRATAD_TLS_SERVER_NAME`` the name the daemon's certificate must carry, when
                             it is not the host dialed (e.g. dialing an IP)
 =========================== ===============================================
+
+Tracing: when the application has set an OpenTelemetry tracer provider and
+the otel extra is installed, every channel made here starts a CLIENT span per
+call and sends its W3C ``traceparent``, so the daemon's spans join the
+application's trace (stratad.tracing). Otherwise channels
+carry no interceptor.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import Any
 
 import grpc
 import grpc.aio
+
+from stratad import tracing
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 TENANT_HEADER = "x-stratad-tenant"
@@ -131,15 +139,23 @@ class Connection:
     def channel(self, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
         options = [*(options or []), *(self.tls.channel_options() if self.tls else [])]
         if self.tls is None:
-            return grpc.insecure_channel(self.address, options=options)
-        return grpc.secure_channel(self.address, self.tls.channel_credentials(), options=options)
+            channel = grpc.insecure_channel(self.address, options=options)
+        else:
+            credentials = self.tls.channel_credentials()
+            channel = grpc.secure_channel(self.address, credentials, options=options)
+        return tracing.traced_channel(channel)  # type: ignore[no-any-return]
 
     def aio_channel(self, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
         options = [*(options or []), *(self.tls.channel_options() if self.tls else [])]
+        interceptors = tracing.aio_client_interceptors() or None
         if self.tls is None:
-            return grpc.aio.insecure_channel(self.address, options=options)
+            return grpc.aio.insecure_channel(
+                self.address, options=options, interceptors=interceptors
+            )
         credentials = self.tls.channel_credentials()
-        return grpc.aio.secure_channel(self.address, credentials, options=options)
+        return grpc.aio.secure_channel(
+            self.address, credentials, options=options, interceptors=interceptors
+        )
 
 
 def _token_from(env: Mapping[str, str]) -> str:

@@ -13,18 +13,20 @@ import signal
 import socket
 import sys
 from asyncio import FIRST_COMPLETED
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
-from stratad import __version__
+from stratad import __version__, tracing
 from stratad.config import Config
+from stratad.domain.lifecycle import Lifecycle
 from stratad.errors import UnavailableError
+from stratad.inspector import Inspector, start_inspector
+from stratad.server import reflection
 from stratad.server.auth import auth_interceptor
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
 from stratad.server.limits import LimitsInterceptor
@@ -36,7 +38,9 @@ from stratad.store.failstop import EXIT_STORAGE_FAILED, StorageFailedError
 _log = logging.getLogger(__name__)
 
 HEALTH_SERVICE_NAME: str = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-REFLECTION_SERVICE_NAME: str = reflection.SERVICE_NAME
+#: Server reflection is served under both names (server/reflection.py).
+REFLECTION_SERVICE_NAME: str = reflection.V1ALPHA_SERVICE_NAME
+REFLECTION_V1_SERVICE_NAME: str = reflection.V1_SERVICE_NAME
 #: Health "service" that is SERVING while the daemon accepts writes.
 WRITES_HEALTH_NAME = "stratad.writes"
 _SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -61,6 +65,8 @@ class StratadServer:
         addresses: Sequence[str] = (),
         metrics: Metrics | None = None,
         tls: CertificateFiles | None = None,
+        inspector: Inspector | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self._server = server
         #: The health servicer, for code that must change a service's status.
@@ -76,11 +82,21 @@ class StratadServer:
         self.metrics = metrics
         #: The TLS files of the TCP listener (None: plaintext).
         self.tls = tls
+        #: The web inspector (None when inspector_listen is off).
+        self.inspector = inspector
+        #: The idle-session sweep and scheduled GC (see domain/lifecycle.py).
+        self.lifecycle = lifecycle
+        self._on_stop: list[Callable[[], None]] = []
 
     @property
     def metrics_address(self) -> str:
         """HOST:PORT of the /metrics endpoint, "" when it is off."""
         return self.metrics.address if self.metrics is not None else ""
+
+    @property
+    def inspector_address(self) -> str:
+        """HOST:PORT of the web inspector, "" when it is off."""
+        return self.inspector.address if self.inspector is not None else ""
 
     async def stop(self, grace: float | None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish for ``grace`` s."""
@@ -88,20 +104,66 @@ class StratadServer:
         # listener closes; watchers and long streams are told via `stopping`.
         await self.health.enter_graceful_shutdown()
         self._resources.stopping.set()
+        if self.lifecycle is not None:  # no expiry or GC starts while we drain
+            await asyncio.to_thread(self.lifecycle.stop)
         try:
             await self._server.stop(grace)
         finally:
             if self.metrics is not None:
                 self.metrics.stop()
+            if self.inspector is not None:
+                await self.inspector.stop()
+            for release in self._on_stop:
+                release()
+            self._on_stop.clear()
+
+    def on_stop(self, release: Callable[[], None]) -> None:
+        """Call ``release`` once the server has stopped (after the metrics endpoint)."""
+        self._on_stop.append(release)
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()
 
 
 async def start_server(
-    resources: Resources, services: Iterable[ServiceRegistration] = SERVICES
+    resources: Resources,
+    services: Iterable[ServiceRegistration] = SERVICES,
+    *,
+    tracer_provider: Any = None,
 ) -> StratadServer:
-    """Build the server, bind it, start it and report every service SERVING."""
+    """Build the server, bind it, start it and report every service SERVING.
+
+    Traces with ``tracer_provider`` (an OpenTelemetry SDK TracerProvider the
+    caller owns, e.g. a test's) if given, else with the one the config's
+    ``tracing`` asks for, which the server shuts down when it stops.
+    """
+    own_provider = (
+        tracing.provider_from_config(resources.config) if tracer_provider is None else None
+    )
+    provider = tracer_provider or own_provider
+    # Tracing before everything: the SERVER span covers the whole call, and
+    # everything after it logs and records errors with the span current.
+    traced = [tracing.install(provider)] if provider is not None else []
+    try:
+        server = await _start(resources, services, traced)
+    except BaseException:
+        _stop_tracing(bool(traced), own_provider)
+        raise
+    server.on_stop(lambda: _stop_tracing(bool(traced), own_provider))
+    return server
+
+
+def _stop_tracing(installed: bool, own_provider: Any) -> None:
+    if installed:
+        tracing.uninstall()
+    if own_provider is not None:
+        tracing.shutdown(own_provider)  # exports the spans still batched
+
+
+async def _start(
+    resources: Resources, services: Iterable[ServiceRegistration], first: list[Any]
+) -> StratadServer:
+    """`start_server` with ``first`` the interceptors to install before the others."""
     config = resources.config
     metrics = (
         Metrics(
@@ -120,6 +182,7 @@ async def start_server(
     server = grpc.aio.server(
         # Auth after errors: a refusal is an exception that becomes its status.
         interceptors=[
+            *first,
             *limits,
             RequestInterceptor(observers),
             ErrorInterceptor(),
@@ -133,7 +196,7 @@ async def start_server(
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     all_names = [*app_names, HEALTH_SERVICE_NAME]
     if config.reflection:
-        all_names.append(REFLECTION_SERVICE_NAME)
+        all_names.extend(reflection.SERVICE_NAMES)
         reflection.enable_server_reflection(all_names, server)
     tls = certificate_files(config)
     address = _bind(server, config.listen, tls)
@@ -143,16 +206,22 @@ async def start_server(
     _warn_if_exposed(config)
     if metrics is not None:
         metrics.start(config.metrics_listen)
+    inspector: Inspector | None = None
     # HealthServicer starts with "" SERVING: nothing is ready until start() returns.
     await _set_status(health, ["", *app_names], _NOT_SERVING)
     try:
+        if config.inspector_listen:
+            inspector = await start_inspector(resources)
         await server.start()
     except BaseException:
         if metrics is not None:
             metrics.stop()
+        if inspector is not None:
+            await inspector.stop()
         raise
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
+    lifecycle = _start_lifecycle(resources, metrics)
     return StratadServer(
         server,
         health,
@@ -162,7 +231,28 @@ async def start_server(
         addresses=addresses,
         metrics=metrics,
         tls=tls,
+        inspector=inspector,
+        lifecycle=lifecycle,
     )
+
+
+def _start_lifecycle(resources: Resources, metrics: Metrics | None) -> Lifecycle | None:
+    """The idle-session sweep and scheduled GC, if the configuration turns either on."""
+    config = resources.config
+    engine = resources.engine
+    lifecycle = Lifecycle(
+        engine.sessions,
+        engine.admin,
+        idle_ttl=config.session_idle_ttl,
+        sweep_interval=config.lifecycle_sweep_interval,
+        gc_interval=config.gc_interval,
+    )
+    if not lifecycle.enabled:
+        return None
+    if metrics is not None:
+        lifecycle.observers.append(metrics)
+    lifecycle.start()
+    return lifecycle
 
 
 #: Room on top of max_message_bytes for a message's envelope: a state of the
@@ -276,12 +366,15 @@ async def serve(config: Config) -> int:
     async with open_resources(config) as resources:
         server = await start_server(resources)
         _log.info(
-            "stratad %s serving on %s (data dir %s, durability %s, metrics %s)",
+            "stratad %s serving on %s (data dir %s, durability %s, metrics %s, inspector %s, "
+            "tracing %s)",
             __version__,
             " and ".join(server.addresses),
             resources.data_dir.path,
             config.durability,
             f"http://{server.metrics_address}/metrics" if server.metrics_address else "off",
+            f"http://{server.inspector_address}/" if server.inspector_address else "off",
+            config.tracing,
         )
         storage_failed = _storage_failure(resources)
         try:
@@ -339,6 +432,7 @@ def _install_signal_handlers() -> asyncio.Future[int]:
 __all__ = [
     "HEALTH_SERVICE_NAME",
     "REFLECTION_SERVICE_NAME",
+    "REFLECTION_V1_SERVICE_NAME",
     "WRITES_HEALTH_NAME",
     "ServerStartError",
     "StratadServer",

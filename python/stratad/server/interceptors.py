@@ -54,6 +54,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from stratad import tracing
 from stratad.errors import ERROR_DOMAIN, InvalidArgumentError, StratadError
 from stratad.server.logging_setup import current_request_id
 
@@ -254,6 +255,7 @@ def _error_details(code: grpc.StatusCode, message: str, exc: Exception) -> tuple
         reason, metadata = exc.reason, exc.metadata
     else:
         reason, metadata = code.name, {}
+    tracing.annotate({tracing.REASON_ATTRIBUTE: reason})  # the status code is traced already
     info = error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
@@ -380,6 +382,8 @@ class _Watch:
         self.session = ""
         self.started = time.perf_counter()
         self.token = current_request_id.set(call.request_id)
+        if call.request_id:
+            tracing.annotate({tracing.REQUEST_ID_ATTRIBUTE: call.request_id})
         self.watch_token = _current_watch.set(self)
         for observer in observers:
             observer.call_started(call)
@@ -388,6 +392,8 @@ class _Watch:
         session = getattr(request, "session_id", "")
         if isinstance(session, str):
             self.session = session
+            if session:
+                tracing.annotate({tracing.SESSION_ATTRIBUTE: session})
 
     def finish(self, context: Any, exc: BaseException | None, response: Any = None) -> None:
         seconds = time.perf_counter() - self.started
@@ -422,6 +428,7 @@ def settle_tenant(tenant: str) -> None:
     watch = _current_watch.get()
     if watch is not None:
         watch.call = dataclasses.replace(watch.call, tenant=tenant)
+    tracing.annotate({tracing.TENANT_ATTRIBUTE: tenant})
 
 
 def _final_code(context: Any, exc: BaseException | None) -> str:

@@ -3,7 +3,7 @@
 A request costs the daemon several times its size while it is served: gRPC
 keeps the raw bytes until the call ends, the decoded message holds a second
 copy, the state taken out of it a third, then come its chunks (kept until
-they are written to their files) and the journal record that carries them.
+they are appended to a pack) and the journal record that carries them.
 A 60 MiB save of incompressible data peaks at about 5 times its size over the
 idle daemon (bench/memory.py, docs/limits.md), hence `MEMORY_FACTOR` with
 some margin.

@@ -2,7 +2,9 @@
 
 Records logged while a gRPC call is served carry that call's request ID (the
 caller's ``x-request-id`` metadata, when it sent one) as ``request_id``: a
-field of its own in JSON, appended as ``[request_id=...]`` in text.
+field of its own in JSON, appended as ``[request_id=...]`` in text. With
+tracing on, records logged while a span is current carry its ``trace_id``
+and ``span_id`` (hex, as trace backends show them) the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 from typing import TextIO
+
+from stratad import tracing
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -45,13 +49,17 @@ class JsonFormatter(logging.Formatter):
 
 
 class RequestIdFilter(logging.Filter):
-    """Give records logged during a call that call's ``request_id`` (unless they have one)."""
+    """Give records logged during a call that call's ``request_id`` (unless they have one),
+    and, while a span is current, its ``trace_id`` and ``span_id``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             request_id = current_request_id.get()
             if request_id:
                 record.request_id = request_id
+        ids = tracing.current_ids()  # None at once when tracing is off
+        if ids is not None and not hasattr(record, "trace_id"):
+            record.trace_id, record.span_id = ids
         return True
 
 
@@ -66,6 +74,9 @@ class TextFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", "")
         if request_id and "request_id=" not in record.getMessage():
             text += f" [request_id={request_id}]"
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            text += f" [trace_id={trace_id}]"
         return text
 
 

@@ -16,7 +16,10 @@ one test process never share counters). The metrics are:
   checkpoints, tenants; ``stratad_sessions{status}`` and
   ``stratad_sessions_open`` (active + paused) are counted on every scrape.
 - maintenance: ``stratad_gc_*`` and ``stratad_verify_*`` from the results
-  of the CollectGarbage and Verify calls, by tenant. Tenant names come from
+  of the CollectGarbage and Verify calls and of scheduled collections
+  (``gc_interval``, also counted in ``stratad_scheduled_gc_runs_total``), by
+  tenant; ``stratad_sessions_expired_total``, sessions the idle-session
+  sweep deleted. Tenant names come from
   callers, so they are label values only for the first
   ``metrics_tenant_labels`` existing tenants seen (`TenantLabels`); every
   other tenant is ``_other``. No other metric has a tenant label.
@@ -48,7 +51,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from stratad import __version__
-from stratad.domain.admin import StoreStats
+from stratad.domain.admin import GcReport, StoreStats
 from stratad.domain.models import SessionStatus
 from stratad.errors import UnavailableError
 from stratad.server.interceptors import CallInfo, CallResult
@@ -162,6 +165,17 @@ class Metrics:
             ["tenant"],
             registry=r,
         )
+        self.sessions_expired = Counter(
+            "stratad_sessions_expired",
+            "Sessions deleted by the idle-session sweep (session_idle_ttl).",
+            registry=r,
+        )
+        self.scheduled_gc_runs = Counter(
+            "stratad_scheduled_gc_runs",
+            "Garbage collections started by gc_interval (also counted in stratad_gc_runs).",
+            ["tenant"],
+            registry=r,
+        )
         self.verify_runs = Counter(
             "stratad_verify_runs", "Verifications completed.", ["tenant"], registry=r
         )
@@ -228,12 +242,7 @@ class Metrics:
         tenant = self.tenant_label(call.tenant)
         now = time.time()
         if call.name == "CollectGarbage":
-            self.gc_runs.labels(tenant).inc()
-            self.gc_objects_removed.labels(tenant).inc(response.objects_removed)
-            self.gc_bytes_freed.labels(tenant).inc(response.bytes_freed)
-            self.gc_last_seconds.labels(tenant).set(response.seconds)
-            self.gc_last_kept.labels(tenant).set(response.objects_kept)
-            self.gc_last_time.labels(tenant).set(now)
+            self._gc_done(tenant, response, now)
         elif call.name == "Verify":
             self.verify_runs.labels(tenant).inc()
             self.verify_last_ok.labels(tenant).set(1 if response.ok else 0)
@@ -241,6 +250,25 @@ class Metrics:
             self.verify_last_corrupt.labels(tenant).set(len(response.corrupt_objects))
             self.verify_last_damaged.labels(tenant).set(len(response.damaged_sessions))
             self.verify_last_time.labels(tenant).set(now)
+
+    def _gc_done(self, tenant: str, report: Any, now: float) -> None:
+        """A collection (a call's response or a domain GcReport: the same fields)."""
+        self.gc_runs.labels(tenant).inc()
+        self.gc_objects_removed.labels(tenant).inc(report.objects_removed)
+        self.gc_bytes_freed.labels(tenant).inc(report.bytes_freed)
+        self.gc_last_seconds.labels(tenant).set(report.seconds)
+        self.gc_last_kept.labels(tenant).set(report.objects_kept)
+        self.gc_last_time.labels(tenant).set(now)
+
+    # -- the lifecycle (a LifecycleObserver; see domain/lifecycle.py) ------------------
+
+    def session_expired(self, tenant: str, session_id: str) -> None:
+        self.sessions_expired.inc()
+
+    def scheduled_gc(self, tenant: str, report: GcReport) -> None:
+        label = self.tenant_label(tenant)
+        self.scheduled_gc_runs.labels(label).inc()
+        self._gc_done(label, report, time.time())
 
     # -- journal fsyncs -------------------------------------------------------------
 
@@ -316,7 +344,7 @@ class StoreCollector(Collector):
             ),
             (
                 "stratad_store_stored_bytes",
-                "Bytes on disk: object files and journals.",
+                "Bytes on disk: objects (frame bytes in packs) and journals.",
                 stats.stored_bytes,
             ),
             (

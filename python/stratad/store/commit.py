@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from stratad import tracing
 from stratad.store.fsync import sync_filesystem
 from stratad.store.journal import FSYNC_OBSERVERS, Journal
 
@@ -41,6 +42,8 @@ class _Waiter:
     points: Sequence[SyncPoint]
     future: asyncio.Future[None]
     loop: asyncio.AbstractEventLoop
+    #: The waiting call's span (tracing on): the batch's fsync span links to it.
+    span_context: Any = None
 
 
 class GroupCommitter:
@@ -59,13 +62,14 @@ class GroupCommitter:
         # event loop, one slow fsync (a busy disk: tens of ms) would stall
         # every other call, health checks included.
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(points, loop.create_future(), loop)
-        with self._cond:
-            if self._stopped:
-                raise RuntimeError("group committer stopped")
-            self._queue.append(waiter)
-            self._cond.notify()
-        await waiter.future
+        with tracing.span("stratad.journal.commit", {"stratad.journal.records": len(points)}):
+            waiter = _Waiter(points, loop.create_future(), loop, tracing.current_span_context())
+            with self._cond:
+                if self._stopped:
+                    raise RuntimeError("group committer stopped")
+                self._queue.append(waiter)
+                self._cond.notify()
+            await waiter.future
 
     def _run(self) -> None:
         while True:
@@ -80,7 +84,11 @@ class GroupCommitter:
     def _commit(self, batch: list[_Waiter]) -> None:
         error: BaseException | None = None
         try:
-            sync_all(p for w in batch for p in w.points)
+            contexts = [w.span_context for w in batch]
+            with tracing.batch_span(
+                "stratad.journal.fsync", contexts, {"stratad.batch.calls": len(batch)}
+            ):
+                sync_all(p for w in batch for p in w.points)
         except BaseException as exc:  # handed to every waiter of the batch
             error = exc
         by_loop: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
@@ -111,7 +119,9 @@ def sync_all(points: Iterable[SyncPoint]) -> None:
         known = furthest.get(id(point.journal))
         if known is None or known.offset < point.offset:
             furthest[id(point.journal)] = point
-    if len(furthest) >= SYNCFS_MIN_JOURNALS:
+    syncfs = len(furthest) >= SYNCFS_MIN_JOURNALS
+    tracing.annotate({"stratad.batch.journals": len(furthest), "stratad.batch.syncfs": syncfs})
+    if syncfs:
         # Everything appended before the call is covered, so note each
         # journal's size first (appends may race with the syncfs).
         sizes = [(p.journal, p.journal.size) for p in furthest.values()]

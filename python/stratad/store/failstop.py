@@ -6,7 +6,7 @@ the in-memory state holds a change that may never reach the disk, and the
 kernel may already have dropped the dirty pages: retrying the fsync can
 report success for data that is gone (the "fsyncgate" lesson PostgreSQL
 learned in 2018). The only safe answer is PostgreSQL's: stop. From the first
-failed fsync of a journal or of object files:
+failed fsync of a journal or of an object pack:
 
 - every later write and read RPC is refused with UNAVAILABLE
   (reason STORAGE_FAILED), so the unacknowledged state is never served;

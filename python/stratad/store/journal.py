@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stratad import tracing
 from stratad.errors import DataLossError, ResourceExhaustedError, StratadError
 from stratad.store.crypto import RECORD_MAGIC, RecordCipher, SealError
 from stratad.store.failstop import FailStop
@@ -303,7 +304,7 @@ class Journal:
         pieces = record.pieces(self.cipher)
         size = sum(len(piece) for piece in pieces)
         self._fail_stop.check_writable()
-        with self._append_lock:
+        with tracing.span("stratad.journal.append", {"stratad.bytes": size}), self._append_lock:
             start = self._size
             try:
                 _write_pieces(self._fd, pieces)
@@ -354,10 +355,14 @@ class Journal:
     def close(self) -> None:
         with self._append_lock:
             tally, self._tally = self._tally, None  # counted out once, however often closed
+            # Closed once too: a second os.close of the number would close
+            # whatever file was opened under it since (another journal, a pack).
+            fd, self._fd = self._fd, -1
         if tally is not None:
             tally.add(-self._size)
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def truncate(path: Path, size: int) -> None:

@@ -7,9 +7,9 @@ Durability modes (see docs/storage.md):
   `fsync_interval`; a crash loses at most that window;
 - `none`: the OS decides; a crash of the machine (not of the daemon) may lose
   recent writes.
-Objects are written to their files by the same background thread and fsynced
-(unless `none`) before a journal compaction drops the journal's inline copies
-of them, when a session is deleted, and at shutdown.
+Objects are appended to their tenant's pack by the same background thread and
+fsynced (unless `none`) before a journal compaction drops the journal's inline
+copies of them, when a session is deleted, and at shutdown.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ class Store:
         return journal
 
     def persist_objects(self, tenant: TenantStore) -> None:
-        """Write a tenant's pending objects to their files; fsync them unless `none`."""
+        """Append a tenant's pending objects to its pack; fsync it unless `none`."""
         if self.durability == "none":
             tenant.objects.flush()
         else:
@@ -289,8 +289,8 @@ class Store:
             for journal in list(self._journals):
                 if journal.dirty:
                     journal.sync_now()
-        # Write pending objects to their files and make them durable in one
-        # batch (store/fsync.py): until then the journal's copy covers them.
+        # Append pending objects to the packs and make them durable in one
+        # batch: until then the journal's copy covers them.
         # Nothing of this is on the save path.
         self.sync_objects()
         for hook in self._hooks:

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratad import native
+from stratad import native, tracing
 from stratad.errors import DataLossError
 from stratad.store import manifest
 from stratad.store.crypto import RecordCipher, TenantCipher
@@ -133,7 +133,10 @@ class TenantStore:
         referenced while a garbage collection runs are recorded for it.
         """
         try:
-            return self._commit_objects(state, owner)
+            with tracing.span(
+                "stratad.objects.commit", {"stratad.objects": len(state.new_objects)}
+            ):
+                return self._commit_objects(state, owner)
         except BaseException:
             # No journal record will carry what this call put (a backlog flush
             # hit a full disk, a base was collected...): a retry must carry
@@ -161,7 +164,7 @@ class TenantStore:
     def added_bytes(self, state: StoredState, owner: str) -> int:
         """What committing `state` for `owner` (and journaling it) adds to the store.
 
-        A new object counts twice: its file, and the copy its journal record
+        A new object counts twice: its pack entry, and the copy its journal record
         carries; an existing one the record must carry (see needs_inline), once.
         """
         added = 0

@@ -214,12 +214,15 @@ class LoadStateRequest(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     INCLUDE_WRITES_FIELD_NUMBER: _builtins.int
+    INCLUDE_STRUCTURED_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     checkpoint_id: _builtins.str
     """Empty = the latest checkpoint of `namespace`."""
     namespace: _builtins.str
     include_writes: _builtins.bool
     """Also return the checkpoint's pending writes (in checkpoint.pending_writes)."""
+    include_structured: _builtins.bool
+    """Also return the structured state captured with the checkpoint (in structured_json)."""
     def __init__(
         self,
         *,
@@ -227,10 +230,11 @@ class LoadStateRequest(_message.Message):
         checkpoint_id: _builtins.str = ...,
         namespace: _builtins.str = ...,
         include_writes: _builtins.bool = ...,
+        include_structured: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "include_writes", b"include_writes", "namespace", b"namespace", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "include_structured", b"include_structured", "include_writes", b"include_writes", "namespace", b"namespace", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -247,12 +251,18 @@ class LoadStateResponse(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FIELD_NUMBER: _builtins.int
+    STRUCTURED_JSON_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     content_type: _builtins.str
     checkpoint_id: _builtins.str
     version: _builtins.int
     """The session's version when the state was read."""
     digest: _builtins.str
+    structured_json: _builtins.bytes
+    """With include_structured: the structured state (cognitive state, tasks,
+    agent state) captured with the checkpoint, as one JSON object keyed by
+    facet ("cognitive", "tasks", "agent"); empty when it captured none.
+    """
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -267,10 +277,11 @@ class LoadStateResponse(_message.Message):
         version: _builtins.int = ...,
         digest: _builtins.str = ...,
         checkpoint: Global___Checkpoint | None = ...,
+        structured_json: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "checkpoint_id", b"checkpoint_id", "content_type", b"content_type", "data", b"data", "digest", b"digest", "metadata", b"metadata", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "checkpoint_id", b"checkpoint_id", "content_type", b"content_type", "data", b"data", "digest", b"digest", "metadata", b"metadata", "structured_json", b"structured_json", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,14 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstratad/api/v1/common.proto\x12\x0estratad.api.v1\"*\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t*\x9e\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15SESSION_STATUS_ACTIVE\x10\x01\x12\x19\n\x15SESSION_STATUS_PAUSED\x10\x02\x12\x1c\n\x18SESSION_STATUS_COMPLETED\x10\x03\x12\x19\n\x15SESSION_STATUS_FAILED\x10\x04\x42Z\n\x11io.stratad.api.v1B\x0b\x43ommonProtoP\x01Z6github.com/stratad/stratad/gen/go/stratad/api/v1;apiv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstratad/api/v1/common.proto\x12\x0estratad.api.v1\"*\n\tItemError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t*\x9e\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15SESSION_STATUS_ACTIVE\x10\x01\x12\x19\n\x15SESSION_STATUS_PAUSED\x10\x02\x12\x1c\n\x18SESSION_STATUS_COMPLETED\x10\x03\x12\x19\n\x15SESSION_STATUS_FAILED\x10\x04\x42]\n\x11io.stratad.api.v1B\x0b\x43ommonProtoP\x01Z9github.com/stratad/stratad/clients/go/stratadv1;stratadv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stratad.api.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
-  _globals['DESCRIPTOR']._serialized_options = b'\n\021io.stratad.api.v1B\013CommonProtoP\001Z6github.com/stratad/stratad/gen/go/stratad/api/v1;apiv1'
+  _globals['DESCRIPTOR']._serialized_options = b'\n\021io.stratad.api.v1B\013CommonProtoP\001Z9github.com/stratad/stratad/clients/go/stratadv1;stratadv1'
   _globals['_SESSIONSTATUS']._serialized_start=92
   _globals['_SESSIONSTATUS']._serialized_end=250
   _globals['_ITEMERROR']._serialized_start=47

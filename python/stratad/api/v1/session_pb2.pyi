@@ -391,3 +391,93 @@ class SessionEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SessionEvent: _TypeAlias = SessionEvent  # noqa: Y015
+
+@_typing.final
+class GetStructuredStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStructuredStateRequest: _TypeAlias = GetStructuredStateRequest  # noqa: Y015
+
+@_typing.final
+class GetStructuredStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STRUCTURED_JSON_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    structured_json: _builtins.bytes
+    """A JSON object: facet name -> its state; "{}" when the session has none."""
+    version: _builtins.int
+    """The session's version when it was read."""
+    def __init__(
+        self,
+        *,
+        structured_json: _builtins.bytes = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["structured_json", b"structured_json", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStructuredStateResponse: _TypeAlias = GetStructuredStateResponse  # noqa: Y015
+
+@_typing.final
+class ReplaceStructuredStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    STRUCTURED_JSON_FIELD_NUMBER: _builtins.int
+    EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    structured_json: _builtins.bytes
+    """A JSON object as GetStructuredState returns it; "{}" clears every facet."""
+    expected_version: _builtins.int
+    """0 = don't check; otherwise ABORTED unless the session is at this version."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        structured_json: _builtins.bytes = ...,
+        expected_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "session_id", b"session_id", "structured_json", b"structured_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplaceStructuredStateRequest: _TypeAlias = ReplaceStructuredStateRequest  # noqa: Y015
+
+@_typing.final
+class ReplaceStructuredStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The session's version after the replacement."""
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplaceStructuredStateResponse: _TypeAlias = ReplaceStructuredStateResponse  # noqa: Y015

@@ -59,6 +59,16 @@ class SessionServiceStub:
                 request_serializer=stratad_dot_api_dot_v1_dot_session__pb2.WatchSessionRequest.SerializeToString,
                 response_deserializer=stratad_dot_api_dot_v1_dot_session__pb2.WatchSessionResponse.FromString,
                 _registered_method=True)
+        self.GetStructuredState = channel.unary_unary(
+                '/stratad.api.v1.SessionService/GetStructuredState',
+                request_serializer=stratad_dot_api_dot_v1_dot_session__pb2.GetStructuredStateRequest.SerializeToString,
+                response_deserializer=stratad_dot_api_dot_v1_dot_session__pb2.GetStructuredStateResponse.FromString,
+                _registered_method=True)
+        self.ReplaceStructuredState = channel.unary_unary(
+                '/stratad.api.v1.SessionService/ReplaceStructuredState',
+                request_serializer=stratad_dot_api_dot_v1_dot_session__pb2.ReplaceStructuredStateRequest.SerializeToString,
+                response_deserializer=stratad_dot_api_dot_v1_dot_session__pb2.ReplaceStructuredStateResponse.FromString,
+                _registered_method=True)
 
 
 class SessionServiceServicer:
@@ -99,6 +109,23 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStructuredState(self, request, context):
+        """The session's structured state (cognitive state, tasks, agent state) as one
+        JSON object keyed by facet: what `stratad ctl export` archives.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplaceStructuredState(self, request, context):
+        """Replaces the session's structured state as a whole (what `stratad ctl
+        import` restores). INVALID_ARGUMENT unless it is a JSON object whose
+        facets the daemon can serve.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +153,16 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.WatchSession,
                     request_deserializer=stratad_dot_api_dot_v1_dot_session__pb2.WatchSessionRequest.FromString,
                     response_serializer=stratad_dot_api_dot_v1_dot_session__pb2.WatchSessionResponse.SerializeToString,
+            ),
+            'GetStructuredState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStructuredState,
+                    request_deserializer=stratad_dot_api_dot_v1_dot_session__pb2.GetStructuredStateRequest.FromString,
+                    response_serializer=stratad_dot_api_dot_v1_dot_session__pb2.GetStructuredStateResponse.SerializeToString,
+            ),
+            'ReplaceStructuredState': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplaceStructuredState,
+                    request_deserializer=stratad_dot_api_dot_v1_dot_session__pb2.ReplaceStructuredStateRequest.FromString,
+                    response_serializer=stratad_dot_api_dot_v1_dot_session__pb2.ReplaceStructuredStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +300,60 @@ class SessionService:
             '/stratad.api.v1.SessionService/WatchSession',
             stratad_dot_api_dot_v1_dot_session__pb2.WatchSessionRequest.SerializeToString,
             stratad_dot_api_dot_v1_dot_session__pb2.WatchSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStructuredState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratad.api.v1.SessionService/GetStructuredState',
+            stratad_dot_api_dot_v1_dot_session__pb2.GetStructuredStateRequest.SerializeToString,
+            stratad_dot_api_dot_v1_dot_session__pb2.GetStructuredStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplaceStructuredState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratad.api.v1.SessionService/ReplaceStructuredState',
+            stratad_dot_api_dot_v1_dot_session__pb2.ReplaceStructuredStateRequest.SerializeToString,
+            stratad_dot_api_dot_v1_dot_session__pb2.ReplaceStructuredStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,15 @@ class SessionServiceStub:
     """Streams one event per mutation of the session, in version order, starting
     after `from_version` (0 = only new events).
     """
+    GetStructuredState: _grpc.UnaryUnaryMultiCallable[_session_pb2.GetStructuredStateRequest, _session_pb2.GetStructuredStateResponse]
+    """The session's structured state (cognitive state, tasks, agent state) as one
+    JSON object keyed by facet: what `stratad ctl export` archives.
+    """
+    ReplaceStructuredState: _grpc.UnaryUnaryMultiCallable[_session_pb2.ReplaceStructuredStateRequest, _session_pb2.ReplaceStructuredStateResponse]
+    """Replaces the session's structured state as a whole (what `stratad ctl
+    import` restores). INVALID_ARGUMENT unless it is a JSON object whose
+    facets the daemon can serve.
+    """
 
 @_typing.type_check_only
 class SessionServiceAsyncStub(SessionServiceStub):
@@ -56,6 +65,15 @@ class SessionServiceAsyncStub(SessionServiceStub):
     WatchSession: _aio.UnaryStreamMultiCallable[_session_pb2.WatchSessionRequest, _session_pb2.WatchSessionResponse]  # type: ignore[assignment]
     """Streams one event per mutation of the session, in version order, starting
     after `from_version` (0 = only new events).
+    """
+    GetStructuredState: _aio.UnaryUnaryMultiCallable[_session_pb2.GetStructuredStateRequest, _session_pb2.GetStructuredStateResponse]  # type: ignore[assignment]
+    """The session's structured state (cognitive state, tasks, agent state) as one
+    JSON object keyed by facet: what `stratad ctl export` archives.
+    """
+    ReplaceStructuredState: _aio.UnaryUnaryMultiCallable[_session_pb2.ReplaceStructuredStateRequest, _session_pb2.ReplaceStructuredStateResponse]  # type: ignore[assignment]
+    """Replaces the session's structured state as a whole (what `stratad ctl
+    import` restores). INVALID_ARGUMENT unless it is a JSON object whose
+    facets the daemon can serve.
     """
 
 class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -98,6 +116,27 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_session_pb2.WatchSessionResponse], _abc.AsyncIterator[_session_pb2.WatchSessionResponse]]:
         """Streams one event per mutation of the session, in version order, starting
         after `from_version` (0 = only new events).
+        """
+
+    @_abc_1.abstractmethod
+    def GetStructuredState(
+        self,
+        request: _session_pb2.GetStructuredStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.GetStructuredStateResponse, _abc.Awaitable[_session_pb2.GetStructuredStateResponse]]:
+        """The session's structured state (cognitive state, tasks, agent state) as one
+        JSON object keyed by facet: what `stratad ctl export` archives.
+        """
+
+    @_abc_1.abstractmethod
+    def ReplaceStructuredState(
+        self,
+        request: _session_pb2.ReplaceStructuredStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_pb2.ReplaceStructuredStateResponse, _abc.Awaitable[_session_pb2.ReplaceStructuredStateResponse]]:
+        """Replaces the session's structured state as a whole (what `stratad ctl
+        import` restores). INVALID_ARGUMENT unless it is a JSON object whose
+        facets the daemon can serve.
         """
 
 def add_SessionServiceServicer_to_server(servicer: SessionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

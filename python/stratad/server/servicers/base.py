@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
+from stratad import tracing
 from stratad.domain.sessions import Commit
 from stratad.server.auth import (
     DEFAULT_TENANT,
@@ -63,9 +64,8 @@ class Servicer:
         fail_stop = self.engine.store.fail_stop
         fail_stop.check()
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(
-            self.resources.executor, functools.partial(fn, *args, **kwargs)
-        )
+        work = tracing.in_current_context(functools.partial(fn, *args, **kwargs))
+        result = await loop.run_in_executor(self.resources.executor, work)
         # A read that raced a failed fsync may hold state the disk lost.
         fail_stop.check()
         return result

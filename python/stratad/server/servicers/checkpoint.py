@@ -131,6 +131,7 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             request.session_id,
             request.checkpoint_id,
             request.namespace,
+            include_structured=request.include_structured,
         )
         response = load_to_pb(result)
         _add_writes(response.checkpoint, result.checkpoint, request.include_writes)

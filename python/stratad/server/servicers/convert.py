@@ -111,4 +111,5 @@ def load_to_pb(result: LoadResult) -> checkpoint_pb2.LoadStateResponse:
         version=result.version,
         digest=cp.digest,
         checkpoint=checkpoint_to_pb(cp),
+        structured_json=result.structured,
     )

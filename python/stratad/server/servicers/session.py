@@ -9,10 +9,12 @@ import grpc
 
 from stratad.api.v1 import session_pb2, session_pb2_grpc
 from stratad.domain import events
+from stratad.domain import structured as st
 from stratad.domain.events import Lagged, QueueItem, SessionEvent
 from stratad.errors import FailedPreconditionError, ResourceExhaustedError
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import event_to_pb, session_to_pb
+from stratad.server.servicers.structured import check_servable
 
 
 class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
@@ -59,6 +61,32 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
             request.expected_version,
         )
         return session_pb2.DeleteSessionResponse()
+
+    async def GetStructuredState(
+        self, request: session_pb2.GetStructuredStateRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.GetStructuredStateResponse:
+        applied = await self.run(
+            st.current_json, self.engine.sessions, tenant_of(context), request.session_id
+        )
+        return session_pb2.GetStructuredStateResponse(
+            structured_json=applied.result, version=applied.version
+        )
+
+    async def ReplaceStructuredState(
+        self, request: session_pb2.ReplaceStructuredStateRequest, context: grpc.aio.ServicerContext
+    ) -> session_pb2.ReplaceStructuredStateResponse:
+        tenant = tenant_of(context)
+
+        def replace() -> st.Applied[None]:
+            structured = st.parse_whole(request.structured_json)
+            check_servable(request.session_id, structured)
+            return st.replace_whole(
+                self.engine.sessions, tenant, request.session_id, structured,
+                request.expected_version,
+            )  # fmt: skip
+
+        applied = await self.run(replace)
+        return session_pb2.ReplaceStructuredStateResponse(version=applied.version)
 
     async def WatchSession(
         self, request: session_pb2.WatchSessionRequest, context: grpc.aio.ServicerContext

@@ -1,0 +1,518 @@
+"""The web inspector's JSON API and pages, against a real in-process daemon.
+
+Each test starts the daemon with ``inspector_listen = 127.0.0.1:0``, fills it
+through the SDK (tests/inspector_data.py) and reads the inspector over HTTP.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from inspector_data import (
+    DECISION,
+    OTHER_TENANT,
+    STATE_2,
+    STATE_3,
+    TENANT,
+    XSS,
+    Filled,
+    fill,
+)
+
+import stratad
+from stratad.inspector import reader as reader_module
+from stratad.inspector.http import HttpStartError
+from stratad.inspector.reader import Reader
+from stratad.server.auth import token_digest
+from stratad.server.registry import SERVICES
+
+ADMIN_TOKEN = "admin-secret-token"
+AGENT_TOKEN = "agent-secret-token"
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        assert self.headers["content-type"] == "application/json", self.headers
+        return json.loads(self.body)
+
+    @property
+    def reason(self) -> str:
+        return str(self.json()["error"]["reason"])
+
+
+def http_get(
+    address: str, path: str, headers: dict[str, str] | None = None, method: str = "GET"
+) -> Reply:
+    """One raw request: the path is sent exactly as given (``..`` included)."""
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=15)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        body = response.read()
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, body)
+    finally:
+        conn.close()
+
+
+@dataclass
+class Inspected:
+    server: Any
+    address: str
+    filled: Filled
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.server.config.data_dir)
+
+    def get(self, path: str, **kwargs: Any) -> Reply:
+        return http_get(self.address, path, **kwargs)
+
+    def api(self, path: str, **kwargs: Any) -> Any:
+        reply = self.get(path, **kwargs)
+        assert reply.status == 200, (reply.status, reply.body)
+        return reply.json()
+
+
+@pytest.fixture
+def inspected(inprocess_server: Callable[..., Any]) -> Inspected:
+    server = inprocess_server(services=SERVICES, inspector_listen="127.0.0.1:0")
+    address = server.server.inspector_address
+    assert address.startswith("127.0.0.1:") and not address.endswith(":0")
+    return Inspected(server, address, fill(server.target))
+
+
+SESSION = f"/api/tenants/{TENANT}/sessions"
+
+
+# -- tenants and sessions ------------------------------------------------------------------
+
+
+def test_tenants_lists_each_tenant_with_its_counts(inspected: Inspected) -> None:
+    tenants = inspected.api("/api/tenants")["tenants"]
+    assert tenants == [
+        {"tenant": TENANT, "sessions": 3, "crystals": 2},
+        {"tenant": OTHER_TENANT, "sessions": 1, "crystals": 0},
+    ]
+
+
+def test_a_directory_that_no_tenant_id_can_name_is_not_a_tenant(inspected: Inspected) -> None:
+    (inspected.data_dir / "tenants" / ".partial").mkdir()
+    listed = [t["tenant"] for t in inspected.api("/api/tenants")["tenants"]]
+    assert listed == [TENANT, OTHER_TENANT]
+
+
+def test_sessions_are_listed_by_id_with_their_summary(inspected: Inspected) -> None:
+    listed = inspected.api(SESSION)
+    assert [s["session_id"] for s in listed["sessions"]] == ["batch-7", "chat-1", "chat-1-fork"]
+    assert (listed["total"], listed["matched"], listed["truncated"]) == (3, 3, False)
+    chat = listed["sessions"][1]
+    assert chat["labels"] == {"team": "support", "payload": XSS}
+    assert chat["checkpoint_count"] == 4 and chat["status"] == "active"
+    batch = listed["sessions"][0]
+    assert batch["facets"] == ["cognitive", "tasks", "agent"]
+    assert listed["sessions"][2]["forked_from"] == inspected.filled.c2
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("chat", ["chat-1", "chat-1-fork"]),
+        ("FORK", ["chat-1-fork"]),  # case-insensitive
+        ("research", ["batch-7"]),  # a label value
+        ("team=support", ["chat-1", "chat-1-fork"]),  # key=value
+        ("nothing-like-this", []),
+    ],
+)
+def test_session_search_matches_id_or_label(
+    inspected: Inspected, query: str, expected: list[str]
+) -> None:
+    listed = inspected.api(f"{SESSION}?q={query}")
+    assert [s["session_id"] for s in listed["sessions"]] == expected
+    assert listed["matched"] == len(expected) and listed["total"] == 3
+
+
+def test_session_shows_every_checkpoint_its_parents_and_its_fork(inspected: Inspected) -> None:
+    f = inspected.filled
+    session = inspected.api(f"{SESSION}/chat-1")
+    parents = {c["checkpoint_id"]: c["parent_id"] for c in session["checkpoints"]}
+    assert parents == {f.c1: "", f.c2: f.c1, f.c3: f.c2, f.c1b: f.c1}
+    c3 = next(c for c in session["checkpoints"] if c["checkpoint_id"] == f.c3)
+    assert c3["size"] == len(json.dumps(STATE_3).encode())
+    assert c3["content_type"] == "application/json" and c3["created_at"] > 0
+    assert [(k["session_id"], k["checkpoint_id"]) for k in session["forks"]] == [
+        ("chat-1-fork", f.c2)
+    ]
+    assert session["forked_from"] is None
+
+    fork = inspected.api(f"{SESSION}/chat-1-fork")
+    assert fork["forked_from"] == {"checkpoint_id": f.c2, "session_id": "chat-1"}
+    assert [c["checkpoint_id"] for c in fork["checkpoints"]] == [f.fork_first, f.fork_second]
+
+
+# -- checkpoints and diffs ------------------------------------------------------------------
+
+
+def test_checkpoint_state_is_decoded_as_json(inspected: Inspected) -> None:
+    shown = inspected.api(f"{SESSION}/chat-1/checkpoints/{inspected.filled.c2}")
+    assert shown["checkpoint"]["checkpoint_id"] == inspected.filled.c2
+    assert shown["state"]["encoding"] == "json"
+    assert shown["state"]["value"] == STATE_2
+
+
+def test_a_binary_state_is_summarised_in_hex(inspected: Inspected) -> None:
+    shown = inspected.api(f"{SESSION}/batch-7/checkpoints/{inspected.filled.binary}")
+    assert shown["state"] == {
+        "encoding": "binary",
+        "size": len(b"\x00\x01\xfe\xffbinary"),
+        "hex": b"\x00\x01\xfe\xffbinary".hex(),
+    }
+
+
+def test_diff_lists_added_removed_and_changed_paths(inspected: Inspected) -> None:
+    f = inspected.filled
+    diff = inspected.api(f"{SESSION}/chat-1/diff?a={f.c2}&b={f.c3}")
+    assert diff["comparable"] is True and diff["identical"] is False
+    changes = {(c["op"], c["pointer"]) for c in diff["changes"]}
+    assert changes == {
+        ("removed", "/draft"),
+        ("added", "/note"),
+        ("changed", "/messages/1/content"),
+        ("changed", "/step"),
+    }
+    step = next(c for c in diff["changes"] if c["pointer"] == "/step")
+    assert (step["before"], step["after"]) == ("2", "3")
+
+
+def test_diff_of_a_checkpoint_with_itself_is_empty(inspected: Inspected) -> None:
+    c1 = inspected.filled.c1
+    diff = inspected.api(f"{SESSION}/chat-1/diff?a={c1}&b={c1}")
+    assert diff["identical"] is True and diff["changes"] == []
+
+
+def test_diff_with_a_binary_state_is_not_comparable(inspected: Inspected) -> None:
+    with stratad.Client(inspected.server.target, tenant=TENANT) as client:
+        text = client.save_state("batch-7", b'{"ok": true}').checkpoint_id
+    diff = inspected.api(f"{SESSION}/batch-7/diff?a={inspected.filled.binary}&b={text}")
+    assert diff["comparable"] is False and diff["identical"] is False
+    assert "changes" not in diff
+
+
+# -- structured state and crystals --------------------------------------------------------------
+
+
+def test_structured_state_shows_cognitive_tasks_and_agent(inspected: Inspected) -> None:
+    shown = inspected.api(f"{SESSION}/batch-7/structured")
+    assert DECISION in json.dumps(shown["cognitive"])
+    assert shown["cognitive"]["crystallized"]["goal"] == "Build a REST API"
+    task = shown["tasks"]["tasks"]["fetch-docs"]
+    assert task["status"] == "completed" and task["result"] == {"pages": 12, "summary": XSS}
+    assert shown["tasks"]["task_count"] == 1 and shown["tasks"]["truncated"] is False
+    assert shown["agent"]["execution"]["query"] == "summarise the docs"
+
+
+def test_a_session_without_structured_state_has_none(inspected: Inspected) -> None:
+    shown = inspected.api(f"{SESSION}/chat-1/structured")
+    assert (shown["cognitive"], shown["tasks"], shown["agent"]) == (None, None, None)
+
+
+def test_crystals_are_listed_most_effective_first_with_scores(inspected: Inspected) -> None:
+    f = inspected.filled
+    shown = inspected.api(f"/api/tenants/{TENANT}/crystals")
+    crystals = shown["crystals"]
+    assert [c["crystal_id"] for c in crystals] == [f.crystal_reused, f.crystal_plain]
+    reused, plain = crystals
+    assert reused["effectiveness"] == pytest.approx((0.8 + 1.0) / 2)
+    assert (reused["success_score"], reused["reuse_count"]) == (pytest.approx(0.8), 1)
+    assert (plain["effectiveness"], plain["reuse_count"]) == (pytest.approx(0.75), 0)
+    assert reused["tool_sequence"] == ["git", "docker", "kubectl"]
+    assert shown["stats"]["total_crystals"] == 2 and shown["stats"]["total_reuses"] == 1
+    assert inspected.api(f"/api/tenants/{OTHER_TENANT}/crystals")["crystals"] == []
+
+
+# -- not found, bad IDs, unknown tenants --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        (f"{SESSION}/no-such-session", "SESSION_NOT_FOUND"),
+        (f"{SESSION}/no-such-session/structured", "SESSION_NOT_FOUND"),
+        (f"{SESSION}/chat-1/checkpoints/ckpt-none", "CHECKPOINT_NOT_FOUND"),
+        (f"{SESSION}/chat-1/diff?a=ckpt-none&b=ckpt-none", "CHECKPOINT_NOT_FOUND"),
+        (f"/api/tenants/{OTHER_TENANT}/sessions/chat-1", "SESSION_NOT_FOUND"),  # another tenant's
+        ("/api/no-such-route", "NOT_FOUND"),
+        ("/api/tenants/acme/sessions/chat-1/extra/part", "NOT_FOUND"),
+        ("/no-such-page", "NOT_FOUND"),
+    ],
+)
+def test_what_does_not_exist_is_404(inspected: Inspected, path: str, reason: str) -> None:
+    reply = inspected.get(path)
+    assert reply.status == 404 and reply.reason == reason
+
+
+def test_a_checkpoint_of_another_session_is_not_found(inspected: Inspected) -> None:
+    reply = inspected.get(f"{SESSION}/batch-7/checkpoints/{inspected.filled.c1}")
+    assert reply.status == 404 and reply.reason == "CHECKPOINT_NOT_FOUND"
+
+
+TENANT_PATHS = [
+    "/api/tenants/{t}/sessions",
+    "/api/tenants/{t}/sessions/chat-1",
+    "/api/tenants/{t}/sessions/chat-1/checkpoints/ckpt-1",
+    "/api/tenants/{t}/sessions/chat-1/diff?a=x&b=y",
+    "/api/tenants/{t}/sessions/chat-1/structured",
+    "/api/tenants/{t}/crystals",
+]
+
+
+@pytest.mark.parametrize("template", TENANT_PATHS)
+def test_an_unknown_tenant_is_404_and_creates_nothing(inspected: Inspected, template: str) -> None:
+    tenants = inspected.data_dir / "tenants"
+    before = sorted(p.name for p in tenants.iterdir())
+    reply = inspected.get(template.format(t="ghost"))
+    assert reply.status == 404 and reply.reason == "NOT_FOUND"
+    assert "ghost" in reply.json()["error"]["message"]
+    assert sorted(p.name for p in tenants.iterdir()) == before
+    assert not (tenants / "ghost").exists()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/tenants/../sessions",
+        "/api/tenants/..%2F..%2Fetc/sessions",
+        "/api/tenants/%2e%2e/crystals",
+        f"{SESSION}/..%2Fchat-1",
+        f"{SESSION}/chat-1/checkpoints/..%2F..%2Fjournal",
+        f"{SESSION}/.hidden/structured",
+        f"{SESSION}/has%20space",
+        f"{SESSION}/chat-1/diff?a=../x&b=y",
+        f"{SESSION}/chat-1/diff?a=&b=",
+    ],
+)
+def test_bad_ids_are_400_invalid_id(inspected: Inspected, path: str) -> None:
+    reply = inspected.get(path)
+    assert reply.status == 400, reply.body
+    assert reply.reason == "INVALID_ID"
+
+
+# -- HTTP behaviour, security headers, pages ---------------------------------------------------
+
+
+def test_pages_are_served_with_their_types_and_strict_headers(inspected: Inspected) -> None:
+    for path, kind in [
+        ("/", "text/html"),
+        ("/static/app.js", "text/javascript"),
+        ("/static/style.css", "text/css"),
+    ]:
+        reply = inspected.get(path)
+        assert reply.status == 200 and reply.headers["content-type"].startswith(kind)
+        assert "script-src 'self'" in reply.headers["content-security-policy"]
+        assert reply.headers["x-content-type-options"] == "nosniff"
+        assert reply.headers["x-frame-options"] == "DENY"
+    assert b"/static/app.js" in inspected.get("/").body
+    for path in ("/static/../reader.py", "/static/reader.py", "/static/", "/index.html"):
+        assert inspected.get(path).status in (400, 404), path
+
+
+def test_api_answers_are_json_never_html(inspected: Inspected) -> None:
+    reply = inspected.get(SESSION)
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.headers["cache-control"] == "no-store"
+    # The XSS label travels as a JSON string; the page renders it as text.
+    assert json.loads(reply.body)["sessions"][1]["labels"]["payload"] == XSS
+
+
+def test_only_get_and_head_are_allowed(inspected: Inspected) -> None:
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        reply = inspected.get(SESSION, method=method)
+        assert reply.status == 405 and reply.headers["allow"] == "GET, HEAD"
+    head = inspected.get(SESSION, method="HEAD")
+    assert head.status == 200 and head.body == b"" and int(head.headers["content-length"]) > 0
+
+
+def test_a_foreign_host_header_is_refused(inspected: Inspected) -> None:
+    """DNS rebinding: a name the attacker controls, pointed at 127.0.0.1, is refused."""
+    port = inspected.address.rpartition(":")[2]
+    reply = inspected.get("/api/tenants", headers={"Host": f"attacker.example:{port}"})
+    assert reply.status == 403 and reply.reason == "PERMISSION_DENIED"
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "127.0.0.1"):
+        assert inspected.get("/api/tenants", headers={"Host": host}).status == 200
+
+
+def test_an_oversized_request_head_is_refused(inspected: Inspected) -> None:
+    reply = inspected.get("/api/tenants", headers={"X-Filler": "x" * 20000})
+    assert reply.status == 431
+
+
+# -- read-only, off the event loop ----------------------------------------------------------------
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "LOCK"
+    }
+
+
+def test_reading_every_endpoint_writes_nothing(inspected: Inspected) -> None:
+    f = inspected.filled
+    inspected.server.resources.engine.store.sync_objects()  # background writes done
+    before = _files(inspected.data_dir)
+    paths = [
+        "/api/tenants",
+        SESSION,
+        f"{SESSION}?q=chat",
+        f"{SESSION}/chat-1",
+        f"{SESSION}/chat-1-fork",
+        f"{SESSION}/chat-1/checkpoints/{f.c3}",
+        f"{SESSION}/chat-1/diff?a={f.c1}&b={f.c3}",
+        f"{SESSION}/batch-7/structured",
+        f"/api/tenants/{TENANT}/crystals",
+        "/api/tenants/ghost/sessions",
+    ]
+    for path in paths:
+        inspected.get(path)
+    assert _files(inspected.data_dir) == before
+
+
+def test_reads_run_on_the_worker_pool(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    original = Reader.checkpoint
+
+    def recording(self: Reader, *args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return original(self, *args)
+
+    monkeypatch.setattr(Reader, "checkpoint", recording)
+    inspected.api(f"{SESSION}/chat-1/checkpoints/{inspected.filled.c1}")
+    assert len(threads) == 1 and threads[0].startswith("stratad-worker")
+
+
+# -- with auth on ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def guarded(inprocess_server: Callable[..., Any], tmp_path: Path) -> Inspected:
+    tokens = tmp_path / "identities.toml"
+    tokens.write_text(
+        f'[tokens.{token_digest(ADMIN_TOKEN)}]\ntenant = "ops"\nrole = "admin"\n'
+        f'[tokens.{token_digest(AGENT_TOKEN)}]\ntenant = "{TENANT}"\nrole = "agent"\n'
+    )
+    server = inprocess_server(
+        services=SERVICES,
+        inspector_listen="127.0.0.1:0",
+        auth="token",
+        auth_tokens_file=str(tokens),
+    )
+    filled = fill(server.target, token=ADMIN_TOKEN)
+    return Inspected(server, server.server.inspector_address, filled)
+
+
+def test_with_auth_on_the_api_needs_an_admin_token(guarded: Inspected) -> None:
+    missing = guarded.get("/api/tenants")
+    assert missing.status == 401 and missing.reason == "MISSING_CREDENTIALS"
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    wrong = guarded.get("/api/tenants", headers={"Authorization": "Bearer not-a-token"})
+    assert wrong.status == 401 and wrong.reason == "INVALID_TOKEN"
+    agent = guarded.get("/api/tenants", headers={"Authorization": f"Bearer {AGENT_TOKEN}"})
+    assert agent.status == 403 and agent.reason == "ADMIN_ROLE_REQUIRED"
+    admin = guarded.api("/api/tenants", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert [t["tenant"] for t in admin["tenants"]] == [TENANT, OTHER_TENANT]
+
+
+def test_with_auth_on_the_page_itself_is_served(guarded: Inspected) -> None:
+    # It holds no data: it asks for the token, then calls the API with it.
+    assert guarded.get("/").status == 200
+    assert guarded.get("/static/app.js").status == 200
+
+
+def test_a_taken_inspector_port_stops_start_up(inprocess_server: Callable[..., Any]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(HttpStartError, match=f"cannot listen on 127.0.0.1:{port}"):
+            inprocess_server(services=SERVICES, inspector_listen=f"127.0.0.1:{port}")
+
+
+def test_the_inspector_is_off_unless_asked_for(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server(services=SERVICES)
+    assert server.server.inspector is None and server.server.inspector_address == ""
+
+
+def test_a_bug_is_a_json_500_with_an_incident_and_the_daemon_keeps_serving(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: Reader) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Reader, "tenants", broken)
+    reply = inspected.get("/api/tenants")
+    assert reply.status == 500 and reply.reason == "INTERNAL"
+    incident = reply.json()["error"]["message"].split("incident ")[1].rstrip(")")
+    assert any(incident in r.getMessage() and r.exc_info for r in caplog.records)
+    assert inspected.get(SESSION).status == 200
+
+
+def test_a_state_with_a_lone_surrogate_is_shown(inspected: Inspected) -> None:
+    # Valid JSON that no UTF-8 encoder can write back as is.
+    with stratad.Client(inspected.server.target, tenant=TENANT) as client:
+        checkpoint = client.save_state("batch-7", b'{"odd": "\\ud800", "text": "caf\\u00e9"}')
+    shown = inspected.api(f"{SESSION}/batch-7/checkpoints/{checkpoint.checkpoint_id}")
+    assert shown["state"]["value"] == {"odd": "\ud800", "text": "café"}
+
+
+def test_states_over_the_decode_limit_are_summarised_not_read(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_module, "MAX_DECODED_BYTES", 100)  # STATE_3 is 201 bytes
+    f = inspected.filled
+    shown = inspected.api(f"{SESSION}/chat-1/checkpoints/{f.c3}")
+    assert shown["state"] == {
+        "encoding": "too_large",
+        "size": len(json.dumps(STATE_3)),
+        "limit": 100,
+    }
+    diff = inspected.api(f"{SESSION}/chat-1/diff?a={f.c2}&b={f.c3}")
+    assert diff["comparable"] is False and "changes" not in diff
+
+
+def test_long_task_lists_are_cut_and_counted(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_module, "MAX_TASKS_LISTED", 0)
+    tasks = inspected.api(f"{SESSION}/batch-7/structured")["tasks"]
+    assert (tasks["tasks"], tasks["task_count"], tasks["truncated"]) == ({}, 1, True)
+
+
+def test_a_session_deleted_while_listing_is_left_out(
+    inspected: Inspected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = inspected.server.resources.engine
+    listed = engine.sessions.sessions_of(TENANT)
+    gone = next(live for live in listed if live.state.session_id == "batch-7")
+    # As if DeleteSession ran between the listing and the read of each summary.
+    monkeypatch.setattr(engine.sessions, "sessions_of", lambda tenant: listed)
+    with stratad.Client(inspected.server.target, tenant=TENANT) as client:
+        client.delete_session("batch-7")
+    assert gone.deleted
+    shown = inspected.api(SESSION)
+    assert [s["session_id"] for s in shown["sessions"]] == ["chat-1", "chat-1-fork"]
