@@ -7,7 +7,7 @@ Three measurements (docs/security.md#encryption-at-rest says what is sealed):
 2. The storage engine in-process, durability `none` so that the disk's fsync
    latency does not hide the CPU cost: saving fresh random states (every
    chunk new: compressed, framed, sealed in its journal record and again in
-   its object file) until every object file is written, then loading them all
+   its stored object) until every object is written to disk, then loading them all
    back from the files (opened, decompressed, BLAKE3-checked). States of
    64 KiB, 1 MiB and 16 MiB.
 3. A daemon through gRPC with durability `fsync`: the growing conversation
@@ -83,7 +83,7 @@ def engine_round(size: int, count: int, encrypted: bool) -> tuple[float, float]:
                 ).checkpoint.checkpoint_id
                 for data in states
             ]
-            engine.store.sync_objects()  # every object file written (sealed)
+            engine.store.sync_objects()  # every object written to disk (sealed)
             save_s = time.perf_counter() - started
             started = time.perf_counter()
             for checkpoint_id in ids:
@@ -180,9 +180,9 @@ What is sealed and how: [security.md](security.md#encryption-at-rest).
 
 ### (b) Storage engine in-process, durability `none`, fresh random states
 
-Save: from the call until every object file is written (each new chunk is
-sealed twice: in its journal record and in its object file). Load: every
-state read back from its object files (opened, decompressed, BLAKE3-checked).
+Save: from the call until every object is written to disk (each new chunk
+is sealed twice: in its journal record and as a stored object). Load: every
+state read back from disk (opened, decompressed, BLAKE3-checked).
 
 {engine_table}
 

@@ -665,7 +665,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "encryption",
         _choice(*ENCRYPTION_MODES),
-        "encryption at rest: on seals every object file and journal record with a "
+        "encryption at rest: on seals every stored object and journal record with a "
         "per-tenant data key wrapped by the master key (encryption_key_file or "
         "STRATAD_ENCRYPTION_KEY)",
         "MODE",
