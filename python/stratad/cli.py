@@ -15,6 +15,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from stratad import __version__, ctl
 from stratad.config import CONFIG_FILE_ENV, OPTIONS, ConfigError, Option, load_config
@@ -35,7 +36,39 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(commands)
     ctl.add_parser(commands)
+    _add_key_commands(commands)
     return parser
+
+
+def _add_key_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    commands.add_parser(
+        "keygen",
+        help="print a new random 256-bit master key (64 hex digits) for encryption at rest",
+        description="Print a new master key for encryption_key_file. Store it like a "
+        "password: without it, an encrypted data directory cannot be read.",
+    )
+    rotate = commands.add_parser(
+        "rotate-key",
+        help="re-wrap every tenant's data key with a new master key (offline; no data rewritten)",
+        description="Offline master-key rotation for encryption at rest: with the daemon "
+        "stopped, unwrap each tenant's data key with one of the old keys and wrap it with "
+        "the new one. Afterwards only the new key is needed. (A daemon started with "
+        "encryption_old_key_files does the same at start, and also updates the keys kept "
+        "in object storage when replication is on.)",
+    )
+    rotate.add_argument("--data-dir", required=True, metavar="DIR", help="the data directory")
+    rotate.add_argument(
+        "--encryption-key-file",
+        default="",
+        metavar="FILE",
+        help="the new master key (default: STRATAD_ENCRYPTION_KEY holds it)",
+    )
+    rotate.add_argument(
+        "--encryption-old-key-files",
+        required=True,
+        metavar="FILES",
+        help="the old master key files, comma-separated",
+    )
 
 
 def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,6 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "ctl":
         return ctl.main(args)
+    if args.command == "keygen":
+        from stratad.store.crypto import new_master_key_text
+
+        print(new_master_key_text())
+        return 0
+    if args.command == "rotate-key":
+        return _rotate_key(args)
     parser.print_help(sys.stderr)
     return EXIT_USAGE
 
@@ -102,6 +142,21 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(exc.message, EXIT_START_FAILED)
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
         return EXIT_INTERRUPTED
+
+
+def _rotate_key(args: argparse.Namespace) -> int:
+    from stratad.store.crypto import rotate_data_dir
+
+    old = tuple(p.strip() for p in args.encryption_old_key_files.split(",") if p.strip())
+    try:
+        for tenant, before, after in rotate_data_dir(
+            Path(args.data_dir), args.encryption_key_file, old, dict(os.environ)
+        ):
+            state = "already wrapped by" if before == after else f"re-wrapped from {before} to"
+            print(f"tenant {tenant}: {state} {after}")
+    except StratadError as exc:
+        return _fail(exc.message, EXIT_START_FAILED)
+    return 0
 
 
 def _fail(message: str, code: int) -> int:

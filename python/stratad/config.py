@@ -26,6 +26,7 @@ LogFormat = Literal["text", "json"]
 Durability = Literal["fsync", "interval", "none"]
 Replication = Literal["off", "async", "sync"]
 AuthMode = Literal["off", "token", "mtls", "token_or_mtls"]
+EncryptionMode = Literal["off", "on"]
 TracingMode = Literal["off", "otlp", "console"]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
@@ -33,6 +34,7 @@ LOG_FORMATS: Final = ("text", "json")
 DURABILITY_MODES: Final = ("fsync", "interval", "none")
 REPLICATION_MODES: Final = ("off", "async", "sync")
 AUTH_MODES: Final = ("off", "token", "mtls", "token_or_mtls")
+ENCRYPTION_MODES: Final = ("off", "on")
 TRACING_MODES: Final = ("off", "otlp", "console")
 ENV_PREFIX: Final = "STRATAD_"
 CONFIG_FILE_ENV: Final = "STRATAD_CONFIG"
@@ -79,6 +81,9 @@ class Config:
     auth: AuthMode = "off"
     auth_tokens_file: str = ""
     reflection: bool = True
+    encryption: EncryptionMode = "off"
+    encryption_key_file: str = ""
+    encryption_old_key_files: tuple[str, ...] = ()
     inspector_listen: str = ""
     session_idle_ttl: float = 0.0
     lifecycle_sweep_interval: float = 60.0
@@ -131,6 +136,8 @@ def _check_security(config: Config) -> None:
         raise ConfigError(
             f"auth = {config.auth!r} identifies clients by certificate: set tls_client_ca_file"
         )
+    if config.encryption_old_key_files and config.encryption != "on":
+        raise ConfigError("encryption_old_key_files (key rotation) needs encryption = on")
     if config.plaintext_exposed and not config.allow_insecure:
         raise ConfigError(
             f"listen = {config.listen!r} would serve plaintext gRPC beyond this host: "
@@ -253,6 +260,15 @@ def _parse_remote_url(raw: object) -> str:
     if not sep or not scheme or not rest:
         raise ValueError("expected a URL such as s3://bucket/prefix or file:///path")
     return value
+
+
+def _parse_file_list(raw: object) -> tuple[str, ...]:
+    """File paths: a TOML list, or one string separated by commas ("" = none)."""
+    if isinstance(raw, (list, tuple)):
+        items = [_parse_file(item) for item in raw]
+    else:
+        items = [_parse_file(item) for item in _parse_str(raw).split(",")]
+    return tuple(item for item in items if item)
 
 
 def _parse_node_id(raw: object) -> str:
@@ -646,6 +662,28 @@ OPTIONS: Final[tuple[Option, ...]] = (
         _parse_str,
         "service.name of the spans; empty = OTEL_SERVICE_NAME, else stratad",
         "NAME",
+    ),
+    Option(
+        "encryption",
+        _choice(*ENCRYPTION_MODES),
+        "encryption at rest: on seals every stored object and journal record with a "
+        "per-tenant data key wrapped by the master key (encryption_key_file or "
+        "STRATAD_ENCRYPTION_KEY)",
+        "MODE",
+    ),
+    Option(
+        "encryption_key_file",
+        _parse_file,
+        "file holding the 256-bit master key (64 hex digits or base64); "
+        "STRATAD_ENCRYPTION_KEY may hold the key itself instead",
+        "FILE",
+    ),
+    Option(
+        "encryption_old_key_files",
+        _parse_file_list,
+        "key rotation: earlier master keys (comma-separated files); tenants' data keys "
+        "wrapped by one of them are re-wrapped with the current key at start",
+        "FILES",
     ),
 )
 OPTIONS_BY_NAME: Final = {option.name: option for option in OPTIONS}

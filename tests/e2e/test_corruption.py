@@ -13,6 +13,10 @@ daemon on it and checks what clients see:
   makes that session DATA_LOSS, leaves the others alone, and Verify lists it;
 - leftover temporary files are removed at start.
 
+Every test runs twice: on a plaintext data directory and with encryption at
+rest on (docs/security.md), where object files and journal payloads are
+sealed with AES-256-GCM and the helpers below open them with the test's key.
+
 The tests know where things are from the documented layout alone: objects are
 ``<data>/tenants/<tenant>/objects/<2 hex>/<62 hex>`` named by the BLAKE3 of
 their content, and states are cut into chunks by FastCDC with the defaults
@@ -37,6 +41,7 @@ import pytest
 import stratad
 from stratad import native
 from stratad.errors import DataLossError
+from stratad.store import crypto
 from stratad.store.objects import ENTRY, find_on_disk, pack_entries
 
 DEFAULT_TENANT = "default"
@@ -63,6 +68,44 @@ class Daemon(Protocol):
 
 
 StartDaemon = Callable[..., Daemon]
+
+#: The master key of the encrypted runs (64 hex digits).
+ENCRYPTION_KEY = "c3" * 32
+
+
+@pytest.fixture(params=["plaintext", "encrypted"])
+def start_daemon(request: pytest.FixtureRequest, start_daemon: StartDaemon) -> StartDaemon:
+    """The e2e `start_daemon`, with encryption at rest on in the encrypted runs."""
+    if request.param == "plaintext":
+        return start_daemon
+    env = {"STRATAD_ENCRYPTION": "on", "STRATAD_ENCRYPTION_KEY": ENCRYPTION_KEY}
+
+    def start(*args: str, **options: Any) -> Daemon:
+        return start_daemon(*args, env=env, **options)
+
+    return start
+
+
+def tenant_cipher(tenant_root: Path) -> crypto.TenantCipher:
+    keyring = crypto.Keyring(crypto.parse_master_key(ENCRYPTION_KEY.encode(), "test"))
+    return keyring.open_tenant(tenant_root, tenant_root.name)
+
+
+def open_payload(path: Path, payload: bytes) -> bytes:
+    """A journal record's payload, opened if it is sealed (encrypted runs)."""
+    if payload[:4] != crypto.RECORD_MAGIC:
+        return payload
+    tenants = path.parents[3]
+    cipher = tenant_cipher(path.parents[2]).records(path.relative_to(tenants).as_posix())
+    return cipher.open(payload)
+
+
+def object_frame(data_dir: Path, digest: str, tenant: str = DEFAULT_TENANT) -> bytes:
+    """An object's frame as stored, opened if it is sealed (encrypted runs)."""
+    stored = stored_object(data_dir, digest, tenant).read()
+    if stored[:4] != crypto.OBJECT_MAGIC:
+        return stored
+    return tenant_cipher(data_dir / "tenants" / tenant).open_object(digest, stored)
 
 
 # -- the documented on-disk layout ----------------------------------------------
@@ -130,6 +173,7 @@ def read_journal(path: Path) -> list[JournalRecord]:
         payload = data[pos + _RECORD_HEADER.size : end]
         if end > len(data) or length < _U32.size or zlib.crc32(payload) != crc:
             break
+        payload = open_payload(path, payload)
         (body_length,) = _U32.unpack_from(payload)
         body = json.loads(payload[_U32.size : _U32.size + body_length])
         records.append(JournalRecord(pos, end, str(body["k"])))
@@ -354,7 +398,7 @@ def test_damaged_object_still_in_the_journal_is_repaired_at_start(
     small, multi = saved.victim
     data_dir = saved.daemon.data_dir
     targets = [small.digest, chunk_digests(multi.data)[1]]
-    originals = {d: stored_object(data_dir, d).read() for d in targets}
+    originals = {d: object_frame(data_dir, d) for d in targets}
     flip_payload_byte(stored_object(data_dir, targets[0]))
     zero_second_half(stored_object(data_dir, targets[1]))
 
@@ -365,7 +409,7 @@ def test_damaged_object_still_in_the_journal_is_repaired_at_start(
         report = client.verify()
         assert report.ok, report
     for digest, original in originals.items():
-        assert stored_object(data_dir, digest).read() == original
+        assert object_frame(data_dir, digest) == original
 
 
 # -- journals ----------------------------------------------------------------------

@@ -78,6 +78,9 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         "auth": "token_or_mtls",
         "auth_tokens_file": "/etc/stratad/auth/tokens.toml",
         "reflection": "false",
+        "encryption": "on",
+        "encryption_key_file": "/etc/stratad/keys/master.key",
+        "encryption_old_key_files": "/etc/stratad/keys/old1.key,/etc/stratad/keys/old2.key",
         "inspector_listen": "localhost:8080",
         "session_idle_ttl": "3600",
         "lifecycle_sweep_interval": "30",
@@ -129,6 +132,9 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         auth="token_or_mtls",
         auth_tokens_file="/etc/stratad/auth/tokens.toml",
         reflection=False,
+        encryption="on",
+        encryption_key_file="/etc/stratad/keys/master.key",
+        encryption_old_key_files=("/etc/stratad/keys/old1.key", "/etc/stratad/keys/old2.key"),
         inspector_listen="localhost:8080",
         session_idle_ttl=3600.0,
         lifecycle_sweep_interval=30.0,
@@ -139,6 +145,13 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
         trace_sample_ratio=0.5,
         trace_service_name="agents",
     )
+
+
+def test_encryption_old_keys_need_encryption_on_and_accept_a_toml_list(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="needs encryption = on"):
+        load_config(environ={"STRATAD_ENCRYPTION_OLD_KEY_FILES": "/k/old.key"})
+    path = write_toml(tmp_path, 'encryption = "on"\nencryption_old_key_files = ["/a", "/b"]\n')
+    assert load_config(config_file=path).encryption_old_key_files == ("/a", "/b")
 
 
 def test_replication_needs_a_remote_url() -> None:

@@ -107,7 +107,7 @@ def test_the_tree_has_every_ctl_command_and_the_global_options_everywhere() -> N
 
 
 CASES = [
-    (["stratad", ""], {"serve", "ctl"}),
+    (["stratad", ""], {"serve", "ctl", "keygen", "rotate-key"}),
     (["stratad", "ctl", "s"], {"sessions", "state", "stats"}),
     (["stratad", "ctl", "--address", "unix:/x", "sessions", ""], {"ls", "show", "rm", "watch"}),
     (["stratad", "ctl", "checkpoints", ""], {"ls", "show", "diff"}),

@@ -223,7 +223,9 @@ def check_security(pod: Doc, stratad: Doc, config: Config) -> None:
     assert config.allow_insecure != config.tls  # plaintext on the pod IP is an explicit choice
     mounts = mounted_files(pod, stratad)
     secret_files = [config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file]
-    for path in [*secret_files, config.auth_tokens_file]:
+    # Encryption at rest: the master keys too come from a Secret, never the ConfigMap.
+    key_files = [config.encryption_key_file, *config.encryption_old_key_files]
+    for path in [*secret_files, config.auth_tokens_file, *key_files]:
         if path:
             volume = mounts[str(Path(path).parent)]
             assert "secret" in volume, path
@@ -245,6 +247,7 @@ def test_chart_refuses_tls_without_probes_and_grpc_ingress_without_auth(tmp_path
         "networkPolicy.grpcFrom": ["networkPolicy.grpcFrom[0].podSelector.matchLabels.a=b"],
         "tls.clientAuth": ["auth.mode=mtls", "auth.tokensSecret=t"],
         "set from the chart's tls and auth values": ["stratad.config.allow_insecure=false"],
+        "encryption.keySecret": ["encryption.enabled=true"],
     }
     for words, settings in cases.items():
         args = [*base, *(a for setting in settings for a in ("--set", setting))]

@@ -82,6 +82,7 @@ from stratad.domain.ids import validate_id
 from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
+from stratad.store.crypto import RecordCipher
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store
 
@@ -314,10 +315,12 @@ class _Encoded(Record):
         super().__init__("")
         self.data = data
 
-    def encode(self) -> bytes:
-        return self.data
+    def encode(self, cipher: RecordCipher | None = None) -> bytes:
+        return self.data  # encoded (and sealed, if at all) when it was made
 
-    def pieces(self) -> list[bytes]:  # what Journal.append writes
+    def pieces(
+        self, cipher: RecordCipher | None = None
+    ) -> list[bytes]:  # what Journal.append writes
         return [self.data]
 
 
@@ -370,6 +373,8 @@ class _Library:
     config: LibraryConfig = field(default_factory=LibraryConfig)
     lock: threading.Lock = field(default_factory=threading.Lock)
     journal: Journal | None = None
+    #: Seals the journal's records (encryption at rest); None: plaintext.
+    cipher: RecordCipher | None = None
     read_fd: int = -1
     index: native.CrystalIndex = field(default_factory=native.CrystalIndex)
     ids: dict[str, int] = field(default_factory=dict)
@@ -547,7 +552,7 @@ class _Library:
             data = os.pread(self.read_fd, size, offset)
         except OSError as exc:
             raise DataLossError(f"cannot read crystal {self.id_at[slot]!r}: {exc}") from exc
-        body = _decode(data, size)
+        body = _decode(data, size, self.cipher)
         if body is None or body.get("id") != self.id_at[slot]:
             raise DataLossError(
                 f"the journal record of crystal {self.id_at[slot]!r} fails its checksum"
@@ -565,7 +570,7 @@ class _Library:
         )
 
 
-def _decode(data: bytes, size: int) -> dict[str, Any] | None:
+def _decode(data: bytes, size: int, cipher: RecordCipher | None) -> dict[str, Any] | None:
     """The body of the `crystal` record `data`, or None if it fails its checks."""
     if len(data) != size or size < _HEADER.size:
         return None
@@ -574,8 +579,10 @@ def _decode(data: bytes, size: int) -> dict[str, Any] | None:
     if length != len(payload) or zlib.crc32(payload) != crc:
         return None
     try:
+        if cipher is not None:
+            payload = cipher.open(payload)
         record = Record.decode_payload(payload)
-    except (ValueError, KeyError, struct.error):
+    except (ValueError, KeyError, struct.error, DataLossError):
         return None
     return record.body if record.kind == "crystal" else None
 
@@ -622,6 +629,7 @@ class CrystalLibraries:
 
     def _replay(self, lib: _Library, report: collections.Counter[str]) -> None:
         path = lib.root / JOURNAL
+        lib.cipher = self.store.journal_cipher(path)
         end = 0
         torn = False
         with open(path, "rb") as f:
@@ -631,14 +639,14 @@ class CrystalLibraries:
                     data = cast(bytes, mapped)
                     released = 0
                     try:
-                        for record, start, stop in _records(data):
+                        for record, start, stop in _records(data, lib.cipher):
                             self._apply(lib, record, start, stop - start)
                             end = stop
                             released = _release(mapped, released, end)
                     except (KeyError, TypeError, ValueError, DataLossError) as exc:
                         log.error("bad crystal journal record at byte %d: %s", end, exc)
                     else:
-                        torn = end < size and journal_mod._is_torn_tail(data, end)
+                        torn = end < size and journal_mod._is_torn_tail(data, end, lib.cipher)
         if end < size:
             if torn:
                 journal_mod.truncate(path, end)
@@ -773,6 +781,7 @@ class CrystalLibraries:
             self.store.make_dirs(lib.root)
             path = lib.root / JOURNAL
             lib.journal = self.store.open_journal(path)
+            lib.cipher = lib.journal.cipher
             lib.read_fd = os.open(path, os.O_RDONLY)
             self.store.fsync_dir(lib.root)
         return lib.journal
@@ -781,12 +790,15 @@ class CrystalLibraries:
         """Append `record` this daemon wrote (lock held); return its offset and size.
 
         With replication, the record is also queued for this daemon's library
-        stream in object storage (`lib.ticket` says when it is shipped).
+        stream in object storage (`lib.ticket` says when it is shipped), in
+        plaintext: the stream's segments are sealed as a whole (store/remote.py).
         """
-        data = record.encode()
-        end = self._journal(lib).append(_Encoded(data))
+        journal = self._journal(lib)
+        plain = record.encode()
+        data = journal_mod.seal_record(plain, journal.cipher)
+        end = journal.append(_Encoded(data))
         if self.replica is not None:
-            lib.ticket = self.replica.published(lib.tenant, data)
+            lib.ticket = self.replica.published(lib.tenant, plain)
         return end - len(data), len(data)
 
     def _acknowledge(self, tenant: str, ticket: int) -> None:
@@ -1171,7 +1183,7 @@ class CrystalLibraries:
     ) -> Iterator[Record]:
         """The compacted journal's records; fills `new_offsets` as it goes."""
         pos = 0
-        header = _Encoded(self._config_record(lib, lib.config).encode())
+        header = _Encoded(self._config_record(lib, lib.config).encode(lib.cipher))
         pos += len(header.data)
         yield header
         live = [
@@ -1223,8 +1235,10 @@ class CrystalLibraries:
                     if record.kind == "reuse" and "node" in record.body:
                         self._apply_counters(lib, record.body, lib.ids.get(record.body["id"]))
                     continue
-                end = self._journal(lib).append(_Encoded(data))
-                self._apply(lib, record, end - len(data), len(data))
+                target = self._journal(lib)
+                sealed = journal_mod.seal_record(data, target.cipher)
+                end = target.append(_Encoded(sealed))
+                self._apply(lib, record, end - len(sealed), len(sealed))
                 changed += 1
             journal = lib.journal
             if changed:
@@ -1259,7 +1273,8 @@ class CrystalLibraries:
             ]
             for slot in live:
                 if lib.node_at[slot] in ours:
-                    out.append(os.pread(lib.read_fd, lib.size_at[slot], lib.offset_at[slot]))
+                    stored = os.pread(lib.read_fd, lib.size_at[slot], lib.offset_at[slot])
+                    out.append(journal_mod.open_record(stored, lib.cipher))
             for slot in live:
                 if lib.reuses_at[slot]:
                     lib.contributions(slot)
@@ -1311,11 +1326,15 @@ def _release(mapped: mmap.mmap, released: int, upto: int) -> int:
     return end
 
 
-def _records(data: bytes) -> Iterator[tuple[Record, int, int]]:
-    """(record, start, end) of every valid record from the start of `data`."""
+def _records(data: bytes, cipher: RecordCipher | None) -> Iterator[tuple[Record, int, int]]:
+    """(record, start, end) of every valid record from the start of `data`.
+
+    A record that is framed correctly but does not open with `cipher` raises
+    (a DataLossError): damage, not a torn tail.
+    """
     pos = 0
     while pos < len(data):
-        found = journal_mod._read_record(data, pos)
+        found = journal_mod._read_record(data, pos, cipher)
         if found is None:
             return
         record, end = found

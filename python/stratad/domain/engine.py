@@ -20,6 +20,7 @@ from stratad.domain.sessions import SessionManager
 from stratad.domain.tasks import Tasks
 from stratad.domain.writes import CheckpointExtras
 from stratad.store.commit import GroupCommitter
+from stratad.store.crypto import Keyring
 from stratad.store.remote import RemoteTier
 from stratad.store.store import Store
 
@@ -38,12 +39,14 @@ class Engine:
         max_state_bytes: int = 64 << 20,
         compact_min_bytes: int = 4 << 20,
         quotas: Quotas | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.store = Store(
             data_dir,
             durability=durability,
             fsync_interval=fsync_interval,
             max_object_bytes=max_state_bytes,
+            keyring=keyring,
         )
         self.events = EventHub()
         self.sessions = SessionManager(
@@ -82,6 +85,10 @@ class Engine:
         )  # fmt: skip
         self.sessions.replicator = self.replicator
         self.store.on_new_object(self.replicator.object_added)
+        if self.store.keyring is not None:  # encryption at rest: packs sealed, keys shared
+            store = self.store
+            remote.cipher_of = lambda tenant: store.tenant(tenant).cipher
+            store.shared_keys = remote
         # Crystal libraries and profiles: several writers, merged (docs/replication.md).
         library = LibraryReplicator(
             remote, self.crystals, self.profiles, mode=mode, node_id=node_id, lag=lag,

@@ -456,11 +456,11 @@ class LibraryReplicator:
             if kind == SNAPSHOT and seq == self._cursors.get((tenant, node), -1) + 1:
                 self._cursors[(tenant, node)] = seq  # restates what was merged already
                 continue
-            data = self.remote.get_library_segment(tenant, node, seq, kind)
-            if data is None:
-                return  # compacted meanwhile: the next round starts from the new base
-            records = parse_segment(data)
             try:
+                data = self.remote.get_library_segment(tenant, node, seq, kind)
+                if data is None:
+                    return  # compacted meanwhile: the next round starts from the new base
+                records = parse_segment(data)
                 if records is None:
                     raise ValueError("a record fails its checksum")
                 self._merge(tenant, node, records)

@@ -32,7 +32,8 @@ from stratad.domain.ids import validate_id
 from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError
 from stratad.store import journal as journal_mod
-from stratad.store.journal import Journal, Record
+from stratad.store.crypto import RecordCipher
+from stratad.store.journal import Journal, Record, seal_record
 from stratad.store.store import Store
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ class Profiles:
             if not jpath.exists():
                 continue
             tp = _TenantProfiles(root)
-            replay = journal_mod.read_records(jpath)
+            replay = self.store.read_journal(jpath)
             if replay.torn_bytes:
                 journal_mod.truncate(jpath, replay.valid_bytes)
                 report["torn_tails_cut"] += 1
@@ -326,8 +327,9 @@ class Profiles:
 
     def _append(self, tp: _TenantProfiles, tenant: str, record: Record) -> tuple[int, int]:
         """Journal a record this daemon wrote (lock held); (its end, its replication ticket)."""
-        data = record.encode()
-        offset = self._journal(tp).append(_Encoded(data))
+        journal = self._journal(tp)
+        data = record.encode()  # plaintext to the replica: its segments are sealed whole
+        offset = journal.append(_Encoded(seal_record(data, journal.cipher)))
         ticket = self.replica.published(tenant, data) if self.replica is not None else 0
         return offset, ticket
 
@@ -350,7 +352,8 @@ class Profiles:
                 self._observe(record)
                 if _key(record) <= tp.current(record.body["user_id"]):
                     continue
-                end = self._journal(tp).append(_Encoded(data))
+                target = self._journal(tp)
+                end = target.append(_Encoded(seal_record(data, target.cipher)))
                 _apply(tp, record)
                 changed += 1
             journal = tp.journal
@@ -423,8 +426,8 @@ class _Encoded(Record):
         super().__init__("")
         self.data = data
 
-    def pieces(self) -> list[bytes]:
-        return [self.data]
+    def pieces(self, cipher: RecordCipher | None = None) -> list[bytes]:
+        return [self.data]  # sealed (seal_record) before it was made, if at all
 
 
 def _key(record: Record) -> Key:

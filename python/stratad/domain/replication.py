@@ -36,6 +36,7 @@ from stratad.domain.models import SessionState, apply
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
 from stratad.store import manifest
+from stratad.store.crypto import TENANT_KEY_NAME, EncryptionKeyError, RecordCipher
 from stratad.store.objects import NO_SIZE_LIMIT
 from stratad.store.remote import (
     Head,
@@ -133,6 +134,8 @@ class Replicator:
         self._new_objects: dict[str, dict[str, None]] = {}
         self._tenant_locks: dict[str, threading.Lock] = {}
         self._hydrating: dict[tuple[str, str], threading.Lock] = {}
+        #: Tenants whose wrapped data key is known to be in object storage.
+        self._keys_published: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: Seconds between a mutation and its shipment, as last measured (metrics).
@@ -344,6 +347,7 @@ class Replicator:
     def _upload_objects(self, tenant: TenantStore) -> None:
         lock = self._tenant_lock(tenant.name)
         with lock:  # a pack another thread is uploading is complete when we get here
+            self._publish_key(tenant)
             with self._lock:
                 queued = self._new_objects.pop(tenant.name, {})
             frames = []
@@ -359,6 +363,37 @@ class Replicator:
                 with self._lock:  # try again next time
                     self._new_objects.setdefault(tenant.name, {}).update(queued)
                 raise
+
+    def _publish_key(self, tenant: TenantStore) -> None:
+        """Make sure object storage holds the tenant's wrapped data key (encryption at rest).
+
+        A daemon hydrating the tenant adopts it (store/crypto.py). A tenant
+        whose key was made before replication was on publishes it here, once.
+        Two daemons that each made a different key for the tenant cannot
+        share its data: that is refused, never overwritten.
+        """
+        store = self.sessions.store
+        keyring = store.keyring
+        if keyring is None or tenant.name in self._keys_published:
+            return
+        local = (tenant.root / TENANT_KEY_NAME).read_bytes()
+        stored = self.remote.create_tenant_key(tenant.name, local)
+        if stored != local:
+            if not keyring.same_data_key(tenant.name, local, stored):
+                raise EncryptionKeyError(
+                    f"tenant {tenant.name!r} has a different data key in object storage than "
+                    "here: its data was written by another daemon with another key; move "
+                    "this daemon's data away before replicating it"
+                )
+            self.remote.put_tenant_key(tenant.name, local)  # the current wrapping
+        self._keys_published.add(tenant.name)
+
+    def _journal_cipher(self, tenant: str, session_id: str) -> RecordCipher | None:
+        """The cipher of a session's journal (its remote segments are its bytes)."""
+        store = self.sessions.store
+        if store.keyring is None:
+            return None
+        return store.journal_cipher(store.tenant(tenant).sessions_root / session_id / "journal")
 
     # -- hydration ------------------------------------------------------------------------
 
@@ -441,7 +476,7 @@ class Replicator:
             history = self._read_history(RemoteTier.session_path(tenant, session_id))
             if history is None:
                 continue  # deleted: its objects are garbage
-            state = replay_state(history[1])
+            state = replay_state(history[1], self._journal_cipher(tenant, session_id))
             for cp in state.checkpoints.values() if state is not None else ():
                 for root, kind in roots(cp):
                     found |= self._remote_closure(tenant, root, kind, found)
@@ -475,9 +510,12 @@ class Replicator:
         """
         report = RemoteVerifyReport()
         for pack, items in sorted(self.remote.packs(tenant).items()):
-            self._verify_pack(pack, items, report)
+            self._verify_pack(tenant, pack, items, report)
         for session_id in self.remote.list_sessions(tenant):
-            problem = self._verify_history(RemoteTier.session_path(tenant, session_id))
+            problem = self._verify_history(
+                RemoteTier.session_path(tenant, session_id),
+                self._journal_cipher(tenant, session_id),
+            )
             if problem:
                 report.damaged_sessions.append(f"{session_id}: {problem}")
         for node, segments in sorted(self.remote.list_library(tenant).items()):
@@ -490,7 +528,7 @@ class Replicator:
         return report
 
     def _verify_pack(
-        self, pack: str, items: list[tuple[str, int, int]], report: RemoteVerifyReport
+        self, tenant: str, pack: str, items: list[tuple[str, int, int]], report: RemoteVerifyReport
     ) -> None:
         report.objects_checked += len(items)
         try:
@@ -500,11 +538,13 @@ class Replicator:
             return
         for digest, offset, length in items:
             try:
-                verified_frame(digest, data[offset : offset + length], pack)
+                verified_frame(
+                    digest, data[offset : offset + length], pack, self.remote.cipher_of(tenant)
+                )
             except DataLossError as exc:
                 report.corrupt.append((digest, exc.message))
 
-    def _verify_history(self, path: str) -> str:
+    def _verify_history(self, path: str, cipher: RecordCipher | None = None) -> str:
         """The problem with the session's remote history ("" when it replays cleanly)."""
         current = self.remote.read_head(path)
         if current is None or current.head.deleted:
@@ -514,7 +554,7 @@ class Replicator:
                 data = self.remote.get_segment(path, name)
             except DataLossError as exc:
                 return exc.message
-            parsed = journal_mod.parse_records(data)
+            parsed = journal_mod.parse_records(data, cipher)
             if parsed.valid_bytes != len(data):
                 return f"segment {name} is damaged at byte {parsed.valid_bytes}"
         return ""
@@ -613,10 +653,10 @@ class Replicator:
         }  # fmt: skip
 
 
-def replay_state(journal: bytes) -> SessionState | None:
+def replay_state(journal: bytes, cipher: RecordCipher | None = None) -> SessionState | None:
     """The session state a journal's records make (None: no creation record)."""
     state: SessionState | None = None
-    for record in journal_mod.parse_records(journal).records:
+    for record in journal_mod.parse_records(journal, cipher).records:
         if record.kind in ("create", "snapshot"):
             state = SessionState.from_json(record.body["state"])
         elif state is not None:

@@ -215,13 +215,20 @@ class SessionManager:
         if not jpath.exists():
             shutil.rmtree(path, ignore_errors=True)  # creation never acknowledged
             return
-        replay = journal_mod.read_records(jpath)
+        replay = self.store.read_journal(jpath)
         if replay.torn_bytes:
             journal_mod.truncate(jpath, replay.valid_bytes)
             report["torn_tails_cut"] += 1
             log.warning("cut a torn journal tail of %d bytes in %s", replay.torn_bytes, jpath)
         if not replay.records:
-            shutil.rmtree(path, ignore_errors=True)
+            if replay.corrupt_at is not None:
+                # The first record is damaged and valid ones follow: acknowledged
+                # history that cannot be replayed. Never delete it; leave the
+                # files for restoration from an export.
+                report["damaged_sessions"] += 1
+                log.error("journal %s is damaged at byte 0; the session is not loaded", jpath)
+                return
+            shutil.rmtree(path, ignore_errors=True)  # creation never acknowledged
             return
         state, history, restored = self._replay(tenant, path.name, replay.records)
         report["objects_restored"] += restored

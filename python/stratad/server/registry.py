@@ -33,6 +33,7 @@ from stratad.config import Config
 from stratad.domain.engine import Engine
 from stratad.domain.quotas import Quotas
 from stratad.server.limits import InflightBudget
+from stratad.store.crypto import keyring_from_settings
 from stratad.store.datadir import DataDir, open_data_dir
 from stratad.store.remote import RemoteTier
 
@@ -63,6 +64,16 @@ class Resources:
 async def open_resources(config: Config) -> AsyncIterator[Resources]:
     """Open what the daemon owns for its lifetime, and release it on exit."""
     with open_data_dir(config.data_dir) as data_dir:
+        keyring = (
+            keyring_from_settings(
+                config.encryption_key_file,
+                config.encryption_old_key_files,
+                dict(os.environ),
+                data_dir.path,
+            )
+            if config.encryption == "on"
+            else None
+        )
         engine = Engine(
             data_dir.path,
             durability=config.durability,
@@ -73,6 +84,7 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
                 tenant_sessions=config.max_tenant_sessions,
                 session_checkpoints=config.max_session_checkpoints,
             ),
+            keyring=keyring,
         )
         if config.replication != "off":
             engine.replicate_to(

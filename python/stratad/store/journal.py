@@ -15,6 +15,11 @@ Record layout on disk::
         body    UTF-8 JSON object (the record's fields; "k" is its kind)
         blobs   repeated: u32 LE length, bytes  (e.g. framed objects carried inline)
 
+With encryption at rest (store/crypto.py), the payload is sealed: b"STRJ",
+a 96-bit nonce, then the AES-256-GCM ciphertext of the plaintext payload and
+its tag. The length and CRC frame the sealed bytes, so torn tails and damage
+are told apart exactly as without encryption.
+
 Group commit: writers append under the session lock (cheap) and then call
 `sync(offset)` outside it. One fsync covers every record appended before it
 started, so concurrent writers share fsyncs instead of queueing one each.
@@ -39,6 +44,7 @@ from typing import Any
 
 from stratad import tracing
 from stratad.errors import DataLossError, ResourceExhaustedError, StratadError
+from stratad.store.crypto import RECORD_MAGIC, RecordCipher, SealError
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import FILE_MODE, fsync_dir
 
@@ -60,22 +66,24 @@ class Record:
     body: dict[str, Any] = field(default_factory=dict)
     blobs: list[bytes] = field(default_factory=list)
 
-    def encode(self) -> bytes:
-        return b"".join(self.pieces())
+    def encode(self, cipher: RecordCipher | None = None) -> bytes:
+        return b"".join(self.pieces(cipher))
 
-    def pieces(self) -> list[bytes]:
+    def pieces(self, cipher: RecordCipher | None = None) -> list[bytes]:
         """The encoded record as consecutive pieces: the header, then the payload's.
 
         A save's record carries its new chunks, up to the largest state:
         appending the pieces (writev) saves joining them into one more copy.
         `Journal.append` writes these: a subclass that overrides `encode`
-        overrides this too.
+        overrides this too. With a `cipher`, the payload is one sealed piece.
         """
         body = json.dumps({"k": self.kind, **self.body}, separators=(",", ":")).encode()
         parts = [_U32.pack(len(body)), body]
         for blob in self.blobs:
             parts.append(_U32.pack(len(blob)))
             parts.append(blob)
+        if cipher is not None:
+            parts = [cipher.seal(b"".join(parts))]
         length, crc = 0, 0
         for part in parts:
             length += len(part)
@@ -99,8 +107,39 @@ class Record:
         return cls(kind=kind, body=body, blobs=blobs)
 
 
+def seal_record(data: bytes, cipher: RecordCipher | None) -> bytes:
+    """An encoded plaintext record as a journal with `cipher` stores it (as is without one).
+
+    Crystal and profile records travel between daemons in plaintext inside
+    object-storage segments that are sealed as a whole (store/remote.py); each
+    daemon seals them for its own journal.
+    """
+    if cipher is None:
+        return data
+    (length, _) = _HEADER.unpack_from(data, 0)
+    sealed = cipher.seal(data[_HEADER.size : _HEADER.size + length])
+    return _HEADER.pack(len(sealed), zlib.crc32(sealed)) + sealed
+
+
+def open_record(data: bytes, cipher: RecordCipher | None) -> bytes:
+    """The plaintext encoding of a record a journal with `cipher` stored (see seal_record)."""
+    if cipher is None:
+        return data
+    (length, _) = _HEADER.unpack_from(data, 0)
+    try:
+        payload = cipher.open(data[_HEADER.size : _HEADER.size + length])
+    except SealError as exc:
+        raise RecordSealError(exc.message) from None
+    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
 class JournalCorruptError(DataLossError):
     """A record in the middle of a journal failed its checksum."""
+
+
+class RecordSealError(DataLossError):
+    """A record's checksum holds but it does not open with the journal's key (or is
+    plaintext in an encrypted journal): damage or tampering, never a torn write."""
 
 
 @dataclass
@@ -111,35 +150,46 @@ class ReplayResult:
     corrupt_at: int | None = None
 
 
-def read_records(path: Path) -> ReplayResult:
+def read_records(path: Path, cipher: RecordCipher | None = None) -> ReplayResult:
     """Read every valid record; classify what follows the last one.
 
     A bad record that runs to the end of the file is a torn tail (a write the
     crash interrupted, never acknowledged). A bad record followed by more
     bytes is corruption of acknowledged data: `corrupt_at` is set and the
-    records before it are returned.
+    records before it are returned. A record whose checksum holds but which
+    does not open with `cipher` (encrypted journals) is corruption too.
     """
-    return parse_records(path.read_bytes())
+    return parse_records(path.read_bytes(), cipher)
 
 
-def parse_records(data: bytes) -> ReplayResult:
+def parse_records(data: bytes, cipher: RecordCipher | None = None) -> ReplayResult:
     """`read_records` of journal bytes held in memory (e.g. a replicated segment)."""
     records: list[Record] = []
     pos = 0
     while pos < len(data):
-        found = _read_record(data, pos)
+        try:
+            found = _read_record(data, pos, cipher)
+        except RecordSealError:
+            return ReplayResult(records, pos, 0, corrupt_at=pos)
         if found is None:
             break
         record, pos = found
         records.append(record)
     rest = len(data) - pos
-    if rest and not _is_torn_tail(data, pos):
+    if rest and not _is_torn_tail(data, pos, cipher):
         return ReplayResult(records, pos, 0, corrupt_at=pos)
     return ReplayResult(records, pos, rest)
 
 
-def _read_record(data: bytes, pos: int) -> tuple[Record, int] | None:
-    """The valid record starting at `pos` and the offset after it, or None."""
+def _read_record(
+    data: bytes, pos: int, cipher: RecordCipher | None = None
+) -> tuple[Record, int] | None:
+    """The valid record starting at `pos` and the offset after it, or None.
+
+    Raises RecordSealError when the record is framed correctly (length and
+    CRC hold) but is not a record of this journal's kind: sealed for another
+    journal or key, plaintext where records are encrypted, or the reverse.
+    """
     if len(data) - pos < _HEADER.size:
         return None
     length, crc = _HEADER.unpack_from(data, pos)
@@ -149,9 +199,18 @@ def _read_record(data: bytes, pos: int) -> tuple[Record, int] | None:
     payload = data[pos + _HEADER.size : end]
     if zlib.crc32(payload) != crc:
         return None
+    if cipher is not None:
+        try:
+            payload = cipher.open(payload)
+        except SealError as exc:
+            raise RecordSealError(exc.message) from None
+    elif payload[:4] == RECORD_MAGIC:
+        raise RecordSealError("an encrypted record where records are plaintext (no key)")
     try:
         return Record.decode_payload(payload), end
     except (ValueError, KeyError, struct.error):
+        if cipher is not None:  # authentic yet undecodable: not a torn write
+            raise RecordSealError("an authentic record that does not decode") from None
         return None
 
 
@@ -161,7 +220,7 @@ _BODY_START = b'{"k":"'
 _BODY_OFFSET = _HEADER.size + _U32.size
 
 
-def _is_torn_tail(data: bytes, pos: int) -> bool:
+def _is_torn_tail(data: bytes, pos: int, cipher: RecordCipher | None = None) -> bool:
     """True when the invalid bytes at `pos` can only be an interrupted append.
 
     An append writes one record at the end; a crash can leave any prefix of
@@ -174,25 +233,36 @@ def _is_torn_tail(data: bytes, pos: int) -> bool:
     so never acknowledged in `fsync` mode, and is cut with them.
 
     Candidate record starts are found with bytes.find (C speed) on the text
-    every record body starts with, so the cost grows with the tail's length,
-    not with its square.
+    every record body starts with (the seal's magic in encrypted journals), so
+    the cost grows with the tail's length, not with its square.
     """
-    search = pos + 1 + _BODY_OFFSET
-    while (hit := data.find(_BODY_START, search)) >= 0:
-        start = hit - _BODY_OFFSET
+    marker, offset = (RECORD_MAGIC, _HEADER.size) if cipher else (_BODY_START, _BODY_OFFSET)
+    search = pos + 1 + offset
+    while (hit := data.find(marker, search)) >= 0:
+        start = hit - offset
         search = hit + 1
-        end = _valid_run_end(data, start)
-        if end is not None and (end == len(data) or _is_torn_tail(data, end)):
+        end = _valid_run_end(data, start, cipher)
+        if end is not None and (end == len(data) or _is_torn_tail(data, end, cipher)):
             return not any(data[pos:start])
     return True
 
 
-def _valid_run_end(data: bytes, start: int) -> int | None:
-    """Where the run of valid records starting at `start` ends (None: not one)."""
+def _valid_run_end(data: bytes, start: int, cipher: RecordCipher | None) -> int | None:
+    """Where the run of valid records starting at `start` ends (None: not one).
+
+    A record that is framed correctly but fails to open still counts: it is
+    evidence of writes after the bad spot, which makes the spot damage.
+    """
     end = None
-    while (found := _read_record(data, start)) is not None:
+    while True:
+        try:
+            found = _read_record(data, start, cipher)
+        except RecordSealError:  # framed (length and CRC hold): skip over it
+            start = end = start + _HEADER.size + _HEADER.unpack_from(data, start)[0]
+            continue
+        if found is None:
+            return end
         start = end = found[1]
-    return end
 
 
 class SizeTally:
@@ -226,8 +296,11 @@ class Journal:
         durable: bool,
         fail_stop: FailStop | None = None,
         tally: SizeTally | None = None,
+        cipher: RecordCipher | None = None,
     ) -> None:
         self.path = path
+        #: Seals every record appended (encryption at rest); None: plaintext.
+        self.cipher = cipher
         self._durable = durable
         # A failed fsync stops every journal of the data directory (failstop.py).
         self._fail_stop = fail_stop or FailStop()
@@ -254,7 +327,7 @@ class Journal:
 
     def append(self, record: Record) -> int:
         """Append one record (not yet synced); return the offset after it."""
-        pieces = record.pieces()
+        pieces = record.pieces(self.cipher)
         size = sum(len(piece) for piece in pieces)
         self._fail_stop.check_writable()
         with tracing.span("stratad.journal.append", {"stratad.bytes": size}), self._append_lock:
@@ -327,7 +400,10 @@ def truncate(path: Path, size: int) -> None:
 
 
 def rewrite(
-    path: Path, records: Iterator[Record] | list[Record], fail_stop: FailStop | None = None
+    path: Path,
+    records: Iterator[Record] | list[Record],
+    fail_stop: FailStop | None = None,
+    cipher: RecordCipher | None = None,
 ) -> None:
     """Atomically replace a journal with `records` (compaction).
 
@@ -340,7 +416,7 @@ def rewrite(
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
             for record in records:
-                _write_all(fd, record.encode())
+                _write_all(fd, record.encode(cipher))
             fsync_or_trip(fd, tmp, fail_stop)
         finally:
             os.close(fd)

@@ -26,6 +26,13 @@ Garbage collection removes objects from the index; the space of a pack whose
 entries are at least half garbage is reclaimed by copying its live entries to
 the active pack and deleting it (`compact`). Until then a restart brings the
 garbage back into the index, where the next collection finds it again.
+
+With encryption at rest, each entry holds the frame sealed with the tenant's
+data key (store/crypto.py: magic, nonce, ciphertext, tag; the digest is the
+associated data), and the entry header's length is the sealed length. In
+memory (pending objects, journal records' inline copies, reads) objects are
+plain frames. Sealing is bound to the digest, not to the position, so pack
+compaction copies sealed entries as they are.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from typing import BinaryIO
 
 from stratad import native, tracing
 from stratad.errors import CorruptObjectError, DataLossError
+from stratad.store.crypto import SEAL_OVERHEAD, TenantCipher
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import FILE_MODE, fsync_dir, make_dirs
 from stratad.store.journal import storage_error
@@ -177,8 +185,12 @@ class _Pack:
 class ObjectStore:
     """The objects of one tenant: pack files plus an in-memory digest index."""
 
-    def __init__(self, root: Path, fail_stop: FailStop | None = None) -> None:
+    def __init__(
+        self, root: Path, fail_stop: FailStop | None = None, cipher: TenantCipher | None = None
+    ) -> None:
         self.root = root
+        #: Seals what goes to disk (encryption at rest); None: entries hold plain frames.
+        self.cipher = cipher
         self.packs_root = root / PACKS_DIR
         self._fail_stop = fail_stop or FailStop()
         make_dirs(self.packs_root)
@@ -351,6 +363,17 @@ class ObjectStore:
     def _loose_path(self, digest: str) -> Path:
         return self.root / digest[:2] / digest[2:]
 
+    def file_size(self, frame_bytes: int) -> int:
+        """The bytes a frame of `frame_bytes` takes on disk (sealing adds a little)."""
+        return frame_bytes + (SEAL_OVERHEAD if self.cipher is not None else 0)
+
+    def _to_disk(self, digest: str, frame: bytes) -> bytes:
+        return frame if self.cipher is None else self.cipher.seal_object(digest, frame)
+
+    def _from_disk(self, digest: str, stored: bytes) -> bytes:
+        # Bytes that fail authentication are CORRUPT_OBJECT, like a bad checksum.
+        return stored if self.cipher is None else self.cipher.open_object(digest, stored)
+
     # -- write ---------------------------------------------------------------
 
     def needs_inline(self, digest: str, owner: str) -> bool:
@@ -386,8 +409,9 @@ class ObjectStore:
         with self._lock:
             if digest in self._index:
                 return 0
-            self._index[digest] = _location(0, 0, len(frame))
-            self._stored += len(frame)
+            size = self.file_size(len(frame))
+            self._index[digest] = _location(0, 0, size)
+            self._stored += size
             self._pending[digest] = frame
             self._pending_bytes += len(frame)
             self._unsynced[digest] = owner
@@ -398,7 +422,7 @@ class ObjectStore:
             self.on_new(digest)
         if backlog:  # writers outpace the background syncer: help it
             self.flush()
-        return len(frame)
+        return size
 
     def restore(self, digest: str, frame: bytes, owner: str) -> bool:
         """Recovery: rewrite an object from its inline journal copy if needed."""
@@ -420,7 +444,7 @@ class ObjectStore:
             if not batch:
                 return []
             with tracing.span("stratad.objects.write", {"stratad.objects": len(batch)}):
-                placed = self._append(batch)
+                placed = self._append([(d, self._to_disk(d, f)) for d, f in batch])
             with self._lock:
                 for (digest, frame), location in zip(batch, placed, strict=True):
                     if self._pending.get(digest) is not frame:
@@ -433,7 +457,8 @@ class ObjectStore:
             return [digest for digest, _ in batch]
 
     def _append(self, batch: list[tuple[str, bytes]]) -> list[int]:
-        """Write entries to the active pack; their locations. All or nothing."""
+        """Write entries (as stored: sealed, with encryption) to the active pack; their
+        locations. All or nothing."""
         pack = self._writable_pack()
         start = offset = pack.size
         pieces: list[bytes] = []
@@ -536,13 +561,14 @@ class ObjectStore:
             raise DataLossError(f"object {digest} is missing from the store")
         if pack is not None:
             try:
-                return pack.read(offset, size)
+                return self._from_disk(digest, pack.read(offset, size))
             except OSError as exc:
                 raise DataLossError(f"object {digest} is unreadable: {exc.strerror}") from exc
         try:
-            return self._loose_path(digest).read_bytes()
+            stored = self._loose_path(digest).read_bytes()
         except FileNotFoundError:
             raise DataLossError(f"object {digest} is missing from the store") from None
+        return self._from_disk(digest, stored)
 
     def get(self, digest: str, max_size: int) -> bytes:
         """Read, verify and decompress an object; damage is DATA_LOSS, never data."""

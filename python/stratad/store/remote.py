@@ -12,6 +12,11 @@ Layout under the configured URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
     tenants/<t>/library/<node>/<seq>.snap the same, restating its earlier segments
     nodes/<node>                          JSON: that daemon's heartbeat and stream ends
     nodes/<node>.adopted-<last seen>      JSON: which daemon took over its streams
+    tenants/<t>/KEY                       the tenant's wrapped data key (encryption at rest)
+
+With encryption at rest, each object in a pack is sealed with the tenant's
+data key (as in its local file) and segments are journal bytes, whose records
+are sealed already; every daemon sharing the bucket needs the same master key.
 
 Objects are content-addressed and uploaded in packs (one PUT per shipping
 round, not one per chunk); a pack's index is written after the pack, so an
@@ -29,7 +34,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +50,7 @@ from stratad.errors import (
     FailedPreconditionError,
     UnavailableError,
 )
+from stratad.store.crypto import SealError, TenantCipher
 from stratad.store.objects import NO_SIZE_LIMIT
 
 HEAD_FORMAT = 1
@@ -138,6 +144,9 @@ class RemoteTier:
         # tenant -> packs a collection condemned, and when that list was read.
         self._condemned: dict[str, set[str]] = {}
         self._condemned_read: dict[str, float] = {}
+        #: tenant -> the cipher sealing its objects (encryption at rest; set by the
+        #: engine); None: packs hold plain frames.
+        self.cipher_of: Callable[[str], TenantCipher | None] = lambda tenant: None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RemoteTier:
@@ -156,12 +165,14 @@ class RemoteTier:
         if not todo:
             return 0
         name = f"tenants/{tenant}/packs/{uuid.uuid4().hex}"
+        cipher = self.cipher_of(tenant)
         offsets: dict[str, list[int]] = {}
         parts, pos = [], 0
         for digest, frame in todo.items():
-            offsets[digest] = [pos, len(frame)]
-            parts.append(frame)
-            pos += len(frame)
+            data = frame if cipher is None else cipher.seal_object(digest, frame)
+            offsets[digest] = [pos, len(data)]
+            parts.append(data)
+            pos += len(data)
         self._put(f"{name}.pack", b"".join(parts))
         self._put(f"{name}.idx", json.dumps({"objects": offsets}).encode())
         with self._lock:
@@ -250,8 +261,9 @@ class RemoteTier:
                 ranges = obstore.get_ranges(self.store, pack, starts=starts, ends=ends)
             except Exception as exc:
                 raise _unavailable(f"reading {pack}", exc) from exc
+            cipher = self.cipher_of(tenant)
             for (digest, _, _), data in zip(items, ranges, strict=True):
-                found[digest] = verified_frame(digest, bytes(data), pack)
+                found[digest] = verified_frame(digest, bytes(data), pack, cipher)
         return found
 
     def packs(self, tenant: str) -> dict[str, list[tuple[str, int, int]]]:
@@ -402,6 +414,36 @@ class RemoteTier:
             raise _unavailable(f"listing {prefix}", exc) from exc
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"])
 
+    # -- tenants' data keys (store/crypto.py SharedKeys) ---------------------------
+
+    @staticmethod
+    def tenant_key_path(tenant: str) -> str:
+        return f"tenants/{tenant}/KEY"
+
+    def read_tenant_key(self, tenant: str) -> bytes | None:
+        try:
+            return self._get(self.tenant_key_path(tenant))
+        except (RemoteNotFoundError, FileNotFoundError):
+            return None
+
+    def create_tenant_key(self, tenant: str, raw: bytes) -> bytes:
+        """Store `raw` as the tenant's key unless one is there; return the one stored."""
+        path = self.tenant_key_path(tenant)
+        try:
+            obstore.put(self.store, path, raw, mode="create")
+        except (RemotePreconditionError, RemoteExistsError):
+            existing = self.read_tenant_key(tenant)
+            if existing is None:
+                raise RemoteUnavailableError(f"{path} exists and vanished; retry") from None
+            return existing
+        except Exception as exc:
+            raise _unavailable(f"writing {path}", exc) from exc
+        return raw
+
+    def put_tenant_key(self, tenant: str, raw: bytes) -> None:
+        """Replace the tenant's key (the same data key, re-wrapped by a rotation)."""
+        self._put(self.tenant_key_path(tenant), raw)
+
     # -- tenant libraries (crystals, profiles): one stream per daemon ----------------
 
     @staticmethod
@@ -433,6 +475,9 @@ class RemoteTier:
     def put_library_segment(self, tenant: str, node: str, seq: int, kind: str, data: bytes) -> None:
         """Create a segment of `node`'s stream; it must not exist (one writer per node ID)."""
         path = f"{self.library_path(tenant, node)}/{seq:012d}.{kind}"
+        cipher = self.cipher_of(tenant)
+        if cipher is not None:  # encryption at rest: the segment is sealed whole
+            data = cipher.records(path).seal(data)
         try:
             obstore.put(self.store, path, data, mode="create", use_multipart=False)
         except (RemotePreconditionError, RemoteExistsError) as exc:
@@ -444,11 +489,23 @@ class RemoteTier:
             raise _unavailable(f"writing {path}", exc) from exc
 
     def get_library_segment(self, tenant: str, node: str, seq: int, kind: str) -> bytes | None:
-        """A segment's bytes; None when it is gone (its writer compacted its stream)."""
+        """A segment's bytes; None when it is gone (its writer compacted its stream).
+
+        With encryption at rest a segment that does not open is damage: ValueError,
+        as for one whose records fail their checksums.
+        """
+        path = f"{self.library_path(tenant, node)}/{seq:012d}.{kind}"
         try:
-            return self._get(f"{self.library_path(tenant, node)}/{seq:012d}.{kind}")
+            data = self._get(path)
         except (RemoteNotFoundError, FileNotFoundError):
             return None
+        cipher = self.cipher_of(tenant)
+        if cipher is None:
+            return data
+        try:
+            return cipher.records(path).open(data)
+        except SealError as exc:
+            raise ValueError(f"sealed segment does not open: {exc.message}") from None
 
     def delete_library_segment(self, tenant: str, node: str, seq: int, kind: str) -> None:
         path = f"{self.library_path(tenant, node)}/{seq:012d}.{kind}"
@@ -548,9 +605,14 @@ def _version(e_tag: str | None, version: str | None) -> dict[str, Any]:
     return {k: v for k, v in found.items() if v is not None}
 
 
-def verified_frame(digest: str, frame: bytes, pack: str) -> bytes:
-    """A frame from object storage, re-hashed: a damaged remote copy is never taken in."""
+def verified_frame(
+    digest: str, frame: bytes, pack: str, cipher: TenantCipher | None = None
+) -> bytes:
+    """A frame from object storage, opened (when sealed with `cipher`) and re-hashed:
+    a damaged remote copy is never taken in."""
     try:
+        if cipher is not None:
+            frame = cipher.open_object(digest, frame)
         found = native.verify_frame(frame, NO_SIZE_LIMIT)
     except CorruptObjectError as exc:
         raise DataLossError(f"the copy of object {digest} in {pack} is corrupt: {exc}") from exc

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -24,9 +25,17 @@ from pathlib import Path
 from stratad.domain.ids import validate_id
 from stratad.errors import ResourceExhaustedError
 from stratad.store import journal as journal_mod
+from stratad.store.crypto import (
+    TENANT_KEY_NAME,
+    EncryptionKeyError,
+    Keyring,
+    RecordCipher,
+    SharedKeys,
+    key_file_id,
+)
 from stratad.store.failstop import FailStop, ReadOnlyError
 from stratad.store.fsync import make_dirs
-from stratad.store.journal import Journal, Record, SizeTally, storage_error
+from stratad.store.journal import Journal, Record, ReplayResult, SizeTally, storage_error
 from stratad.store.tenant import TenantStore
 
 log = logging.getLogger(__name__)
@@ -42,6 +51,7 @@ class Store:
         durability: str = "fsync",
         fsync_interval: float = 0.1,
         max_object_bytes: int = 64 << 20,
+        keyring: Keyring | None = None,
     ) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"unknown durability mode {durability!r}")
@@ -53,6 +63,11 @@ class Store:
         self.fail_stop = FailStop()
         self.tenants_root = data_dir / "tenants"
         self.make_dirs(self.tenants_root)
+        #: Encryption at rest: the master key that unwraps tenants' data keys (None: off).
+        self.keyring = keyring
+        #: Object storage holding tenants' wrapped data keys (replication), or None.
+        self.shared_keys: SharedKeys | None = None
+        self._check_encryption()
         self._tenants: dict[str, TenantStore] = {}
         self._lock = threading.Lock()
         self._journals: weakref.WeakSet[Journal] = weakref.WeakSet()
@@ -73,8 +88,16 @@ class Store:
             validate_id(name, "tenant")
             root = self.tenants_root / name
             self.make_dirs(root)
+            # The data key exists before anything of the tenant is written.
+            cipher = (
+                self.keyring.open_tenant(root, name, self.shared_keys) if self.keyring else None
+            )
             tenant = TenantStore(
-                root, name, max_object_bytes=self.max_object_bytes, fail_stop=self.fail_stop
+                root,
+                name,
+                max_object_bytes=self.max_object_bytes,
+                fail_stop=self.fail_stop,
+                cipher=cipher,
             )
             self._tenants[name] = tenant
             self._watch_objects(tenant)
@@ -114,6 +137,50 @@ class Store:
         with self._lock:
             return list(self._tenants.values())
 
+    # -- encryption at rest ----------------------------------------------------
+
+    def _check_encryption(self) -> None:
+        """Refuse a data directory the configured encryption cannot serve as a whole.
+
+        Encryption off: no tenant may have a data key (its data is unreadable
+        without one). Encryption on: every tenant holding data must have one;
+        a data directory with plaintext data is refused rather than mixed
+        (docs/security.md says how to migrate).
+        """
+        for name in self.existing_tenant_names():
+            root = self.tenants_root / name
+            has_key = (root / TENANT_KEY_NAME).exists()
+            if self.keyring is None and has_key:
+                raise EncryptionKeyError(
+                    f"the data directory {self.data_dir} is encrypted (tenant {name!r} has a "
+                    f"data key wrapped by master key {key_file_id(root / TENANT_KEY_NAME)}): "
+                    "start with encryption = on and that key (encryption_key_file)"
+                )
+            if self.keyring is not None and not has_key and _holds_files(root):
+                raise EncryptionKeyError(
+                    f"encryption = on, but tenant {name!r} in {self.data_dir} holds data "
+                    "written without encryption; stratad does not mix plaintext and encrypted "
+                    "data: export the sessions, start on an empty data directory with "
+                    "encryption on and import them (docs/security.md)"
+                )
+
+    def journal_cipher(self, path: Path) -> RecordCipher | None:
+        """The cipher of the journal at `path` (under a tenant's directory); None when off.
+
+        The journal is named by its path below the tenants directory
+        ("<tenant>/sessions/<id>/journal"): a record moved to another journal
+        does not open there. Journals outside the tenants directory hold no
+        tenant's data (the library replicator's list of node IDs) and stay plain.
+        """
+        if self.keyring is None or not path.is_relative_to(self.tenants_root):
+            return None
+        relative = path.relative_to(self.tenants_root)
+        return self.tenant(relative.parts[0]).cipher_for_journal(relative.as_posix())
+
+    def read_journal(self, path: Path) -> ReplayResult:
+        """Every valid record of a journal (see journal.read_records)."""
+        return journal_mod.read_records(path, self.journal_cipher(path))
+
     # -- files and directories -------------------------------------------------
 
     def make_dirs(self, path: Path) -> None:
@@ -131,14 +198,18 @@ class Store:
     def rewrite_journal(self, path: Path, records: Iterable[Record]) -> None:
         """Atomically replace a journal (compaction); see journal.rewrite."""
         self.fail_stop.check()
-        journal_mod.rewrite(path, iter(records), self.fail_stop)
+        journal_mod.rewrite(path, iter(records), self.fail_stop, self.journal_cipher(path))
 
     # -- journals ------------------------------------------------------------
 
     def open_journal(self, path: Path, tally: SizeTally | None = None) -> Journal:
         self.fail_stop.check()
         journal = Journal(
-            path, durable=self.durability == "fsync", fail_stop=self.fail_stop, tally=tally
+            path,
+            durable=self.durability == "fsync",
+            fail_stop=self.fail_stop,
+            tally=tally,
+            cipher=self.journal_cipher(path),
         )
         self._journals.add(journal)
         return journal
@@ -239,3 +310,14 @@ class Store:
                 with contextlib.suppress(Exception):
                     journal.sync_now()
             journal.close()
+
+
+def _holds_files(root: Path) -> bool:
+    """Whether a tenant directory holds any file (empty directories do not count, nor
+    the temporary file of a KEY whose first write a crash interrupted)."""
+    leftover = TENANT_KEY_NAME + ".tmp"
+    return any(
+        name != leftover or directory != str(root)
+        for directory, _, files in os.walk(root)
+        for name in files
+    )

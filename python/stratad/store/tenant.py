@@ -15,6 +15,7 @@ from pathlib import Path
 from stratad import native, tracing
 from stratad.errors import DataLossError
 from stratad.store import manifest
+from stratad.store.crypto import RecordCipher, TenantCipher
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import make_dirs
 from stratad.store.journal import SizeTally
@@ -44,13 +45,21 @@ class StaleBaseError(Exception):
 
 class TenantStore:
     def __init__(
-        self, root: Path, name: str, *, max_object_bytes: int, fail_stop: FailStop | None = None
+        self,
+        root: Path,
+        name: str,
+        *,
+        max_object_bytes: int,
+        fail_stop: FailStop | None = None,
+        cipher: TenantCipher | None = None,
     ) -> None:
         self.name = name
         self.root = root
+        #: The tenant's data key (encryption at rest), or None.
+        self.cipher = cipher
         self.sessions_root = root / "sessions"
         make_dirs(self.sessions_root)
-        self.objects = ObjectStore(root / "objects", fail_stop)
+        self.objects = ObjectStore(root / "objects", fail_stop, cipher)
         #: The size of the tenant's open session journals (see `stored_bytes`).
         self.journal_bytes = SizeTally()
         self.max_object_bytes = max_object_bytes
@@ -64,6 +73,9 @@ class TenantStore:
         # `gc_touched` under the first, which would then sweep objects that a
         # save revived meanwhile. A second caller waits for the first.
         self.gc_running = threading.Lock()
+
+    def cipher_for_journal(self, journal: str) -> RecordCipher | None:
+        return self.cipher.records(journal) if self.cipher is not None else None
 
     @property
     def stored_bytes(self) -> int:
@@ -158,7 +170,7 @@ class TenantStore:
         added = 0
         for digest, frame in state.new_objects:
             if not self.objects.has(digest):
-                added += 2 * len(frame)
+                added += self.objects.file_size(len(frame)) + len(frame)
             elif self.objects.needs_inline(digest, owner):
                 added += len(frame)
         for digest in self._referenced_existing(state):

@@ -48,6 +48,17 @@ unix:{{ .Values.stratad.socketDir }}/stratad.sock
 {{- if .Values.stratad.socketDir -}}
 {{- $_ := set $config "listen_unix" (printf "%s/stratad.sock" .Values.stratad.socketDir) -}}
 {{- end -}}
+{{- if .Values.encryption.enabled -}}
+{{- $_ := set $config "encryption" "on" -}}
+{{- $_ := set $config "encryption_key_file" (printf "/etc/stratad-encryption/%s" .Values.encryption.keyKey) -}}
+{{- if .Values.encryption.oldKeyKeys -}}
+{{- $old := list -}}
+{{- range .Values.encryption.oldKeyKeys -}}
+{{- $old = append $old (printf "/etc/stratad-encryption/%s" .) -}}
+{{- end -}}
+{{- $_ := set $config "encryption_old_key_files" (join "," $old) -}}
+{{- end -}}
+{{- end -}}
 {{- if .Values.stratad.metricsPort -}}
 {{- $_ := set $config "metrics_listen" (printf "0.0.0.0:%d" (int .Values.stratad.metricsPort)) -}}
 {{- else -}}
@@ -59,6 +70,9 @@ unix:{{ .Values.stratad.socketDir }}/stratad.sock
 {{- end -}}
 {{- if has $key (list "tls_cert_file" "tls_key_file" "tls_client_ca_file" "allow_insecure" "auth" "auth_tokens_file") -}}
 {{- fail (printf "stratad.config.%s is set from the chart's tls and auth values; remove it" $key) -}}
+{{- end -}}
+{{- if has $key (list "encryption" "encryption_key_file" "encryption_old_key_files") -}}
+{{- fail (printf "stratad.config.%s is set from the chart's encryption values; remove it" $key) -}}
 {{- end -}}
 {{- $_ := set $config $key $value -}}
 {{- end -}}
@@ -98,6 +112,9 @@ unix:{{ .Values.stratad.socketDir }}/stratad.sock
 {{- end -}}
 {{- if and .Values.tls.enabled (not .Values.stratad.socketDir) -}}
 {{- fail "tls.enabled needs stratad.socketDir: kubelet's gRPC probes cannot speak TLS, so the probes use the unix socket" -}}
+{{- end -}}
+{{- if and .Values.encryption.enabled (not .Values.encryption.keySecret) -}}
+{{- fail "encryption.enabled needs encryption.keySecret (a Secret holding the master key)" -}}
 {{- end -}}
 {{- if and .Values.tls.clientAuth (not .Values.tls.enabled) -}}
 {{- fail "tls.clientAuth needs tls.enabled" -}}
@@ -256,6 +273,11 @@ spec:
           mountPath: /etc/stratad-auth
           readOnly: true
         {{- end }}
+        {{- if .Values.encryption.enabled }}
+        - name: stratad-encryption
+          mountPath: /etc/stratad-encryption
+          readOnly: true
+        {{- end }}
   containers:
     - name: {{ .Values.agent.name }}
       image: {{ printf "%s:%s" .Values.agent.image.repository .Values.agent.image.tag }}
@@ -331,6 +353,12 @@ spec:
     - name: stratad-auth
       secret:
         secretName: {{ .Values.auth.tokensSecret }}
+        defaultMode: 0440
+    {{- end }}
+    {{- if .Values.encryption.enabled }}
+    - name: stratad-encryption
+      secret:
+        secretName: {{ .Values.encryption.keySecret }}
         defaultMode: 0440
     {{- end }}
     {{- if .Values.auth.agentTokenSecret }}
