@@ -63,6 +63,9 @@ const (
 	ErrLeaseLost        Reason = "LEASE_LOST"
 	ErrReplicationOff   Reason = "REPLICATION_OFF"
 	ErrGCInProgress     Reason = "GC_IN_PROGRESS"
+	// Encryption at rest: this daemon's master key cannot unwrap the
+	// tenant's data key (metadata "key_id" names the key needed).
+	ErrEncryptionKey Reason = "ENCRYPTION_KEY"
 	// ABORTED: expected_version did not match; reload, then retry.
 	ErrVersionConflict Reason = "VERSION_CONFLICT"
 	// RESOURCE_EXHAUSTED

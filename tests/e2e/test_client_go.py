@@ -180,3 +180,19 @@ def test_go_quickstart_effects_are_visible_from_python(start_daemon: Callable[..
     # Tenant isolation holds for the example's sessions too.
     with stratad.Client(daemon.target, tenant="someone-else") as other:
         assert [s.session_id for s in other.list_sessions()] == []
+
+
+def test_the_go_reasons_include_every_reason_the_daemon_raises() -> None:
+    """Every reason literal in python/stratad has a `Reason` constant in clients/go/errors.go."""
+    literal = re.compile(r"""\b(?:default_)?reason\s*=\s*["']([A-Z][A-Z0-9_]+)["']""")
+    raised = {
+        reason
+        for source in (GO_MODULE.parents[1] / "python" / "stratad").rglob("*.py")
+        for reason in literal.findall(source.read_text())
+    }
+    listed = set(
+        re.findall(r'\bReason = "([A-Z][A-Z0-9_]+)"', (GO_MODULE / "errors.go").read_text())
+    )
+    assert len(raised) > 20 and len(listed) > 20
+    missing = sorted(raised - listed)
+    assert not missing, f"add {missing} to the Reason constants in clients/go/errors.go"
