@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,21 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     found = [v for (n, ls), v in samples.items() if n == name and wanted <= ls]
     assert found, f"no sample {name}{labels}"
     return sum(found)
+
+
+def scrape_when(address: str, name: str, **labels: str) -> Samples:
+    """Scrape until a sample of ``name`` with ``labels`` shows up (10 s at most).
+
+    The server counts a call when its handler has finished, which can be a
+    moment after the client has read the reply: scraping at once may miss it.
+    """
+    wanted = set(labels.items())
+    deadline = time.monotonic() + 10
+    while True:
+        samples = scrape(address)
+        if any(n == name and wanted <= ls for n, ls in samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
 
 
 def rpc(method: str, code: str = "OK") -> dict[str, str]:
@@ -144,7 +160,8 @@ def test_metrics_text_log_and_a_taken_metrics_port(
                 metadata=(("x-request-id", "trace-7"),),
                 timeout=10,
             )
-    assert value(scrape(metrics), "grpc_server_handled_total", grpc_code="NOT_FOUND") == 1
+    handled = scrape_when(metrics, "grpc_server_handled_total", grpc_code="NOT_FOUND")
+    assert value(handled, "grpc_server_handled_total", grpc_code="NOT_FOUND") == 1
     assert daemon.stop() == 0
     line = next(
         line
