@@ -12,17 +12,21 @@ __all__ = [
     "DEFAULT_MIN_CHUNK",
     "FORMAT_VERSION",
     "FRAME_HEADER_SIZE",
+    "MAX_DELTA_DEPTH",
     "CrystalIndex",
     "JaccardIndex",
     "PreparedChunk",
     "chunk_boundaries",
     "compress",
+    "decode_delta_frame",
     "decode_frame",
     "decompress",
     "detect_entity_types",
     "digest",
     "digest_hex",
+    "encode_delta_frame",
     "encode_frame",
+    "frame_delta_base",
     "frame_digest_hex",
     "generalize_goal",
     "jaccard",
@@ -38,6 +42,7 @@ DEFAULT_AVG_CHUNK: int
 DEFAULT_MAX_CHUNK: int
 FRAME_HEADER_SIZE: int
 FORMAT_VERSION: int
+MAX_DELTA_DEPTH: int
 
 def digest(data: bytes) -> bytes:
     """32-byte BLAKE3 digest of `data`."""
@@ -70,6 +75,15 @@ def verify_frame(frame: bytes, max_size: int) -> str:
 
 def frame_digest_hex(frame: bytes) -> str:
     """The digest hex recorded in a frame's (checked) header."""
+
+def encode_delta_frame(data: bytes, base: bytes, base_depth: int, level: int = 3) -> bytes:
+    """The frame of `data` as a delta on `base` when that is smaller, else its plain frame."""
+
+def decode_delta_frame(frame: bytes, base: bytes, max_size: int) -> bytes:
+    """The data of a delta frame, decoded against its base's data."""
+
+def frame_delta_base(frame: bytes) -> tuple[str, int] | None:
+    """(base digest hex, depth) of a delta frame; None for a plain frame."""
 
 @final
 class PreparedChunk:

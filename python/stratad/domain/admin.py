@@ -146,6 +146,8 @@ class Admin:
                 for root, kind in roots(cp):
                     if root not in marked:
                         marked |= store.closure(root, kind)
+            # Delta frames need their bases, which no checkpoint may list.
+            marked = store.objects.with_bases(marked)
             for digest in store.objects.digests():
                 if digest in marked:
                     report.objects_kept += 1

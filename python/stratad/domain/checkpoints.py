@@ -212,8 +212,13 @@ class Checkpoints:
                 reason="CHUNKS_MISSING",
             )
         self._check_state_digest(live, up, entries, decoded)
-        frames = {digest: frame for digest, (frame, _) in decoded.items()}
-        return live.tenant.prepare_entries(entries, frames, base)
+        frames, delta_bases = live.tenant.frame_new_chunks(
+            entries,
+            {digest: content for digest, (_, content) in decoded.items()},
+            base,
+            {digest: frame for digest, (frame, _) in decoded.items()},
+        )
+        return live.tenant.prepare_entries(entries, frames, base, delta_bases)
 
     def _verify_frames(
         self, live: LiveSession, up: ChunkUpload, lengths: dict[str, int]
@@ -268,7 +273,11 @@ class Checkpoints:
         pieces = []
         for digest, length in manifest.iter_entries(entries):
             hit = decoded.get(digest)
-            piece = hit[1] if hit is not None else live.tenant.read_object(digest)
+            piece = (
+                hit[1]
+                if hit is not None
+                else live.tenant.objects.content(digest, live.tenant.max_object_bytes)
+            )
             if len(piece) != length:
                 raise InvalidArgumentError(
                     f"chunk {digest} holds {len(piece)} bytes but is listed with {length}",

@@ -353,7 +353,7 @@ class Replicator:
             frames = []
             for digest in queued:
                 if tenant.objects.has(digest):
-                    frames.append((digest, tenant.objects.read_frame(digest)))
+                    frames.append((digest, tenant.objects.read_plain_frame(digest)))
             try:
                 with tracing.span(
                     "stratad.replication.upload_pack", {"stratad.objects": len(frames)}

@@ -37,6 +37,7 @@ compaction copies sealed entries as they are.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -67,6 +68,8 @@ _NO_CARRIER = ""
 MAX_PENDING_BYTES = 64 << 20
 #: A pack at least this large takes no more objects; the next write starts a new one.
 PACK_BYTES = 32 << 20
+#: Bytes of recent object contents kept as delta bases (see ObjectStore.remember).
+RECENT_BYTES = 4 << 20
 #: A pack whose garbage reaches this share of its bytes is compacted after a GC.
 COMPACT_GARBAGE_SHARE = 0.5
 PACKS_DIR = "packs"
@@ -222,6 +225,10 @@ class ObjectStore:
         # so the map does not grow with every object ever written.
         self._written_at: dict[str, float] = {}
         self._collections = 0
+        # digest -> content of objects recently written or decoded as delta
+        # bases (see `remember`), least recently used first.
+        self._recent: collections.OrderedDict[str, tuple[bytes, int]] = collections.OrderedDict()
+        self._recent_bytes = 0
         #: Called with the digest of every object added (replication ships them).
         self.on_new: Callable[[str], None] | None = None
         self._scan_loose()
@@ -427,11 +434,8 @@ class ObjectStore:
     def restore(self, digest: str, frame: bytes, owner: str) -> bool:
         """Recovery: rewrite an object from its inline journal copy if needed."""
         if digest in self._index:
-            try:
-                if native.verify_frame(self.read_frame(digest), NO_SIZE_LIMIT) == digest:
-                    return False
-            except (DataLossError, CorruptObjectError):
-                pass
+            if self.verify(digest) is None:
+                return False
             self._forget(digest)
         self.put(digest, frame, owner)
         return True
@@ -572,20 +576,120 @@ class ObjectStore:
 
     def get(self, digest: str, max_size: int) -> bytes:
         """Read, verify and decompress an object; damage is DATA_LOSS, never data."""
+        return self._get(digest, max_size, native.MAX_DELTA_DEPTH)[0]
+
+    def content(self, digest: str, max_size: int) -> bytes:
+        """An object's content, from the cache of recent contents when it is there.
+
+        For work inside the daemon that needs content known to be right but
+        not a fresh check of the disk (a delta base, the digest check of an
+        upload); reads for clients use `get`.
+        """
+        cached = self.recent(digest)
+        if cached is not None and len(cached[0]) <= max_size:
+            return cached[0]
+        content, depth = self._get(digest, max_size, native.MAX_DELTA_DEPTH)
+        self.remember(digest, content, depth)
+        return content
+
+    def _get(self, digest: str, max_size: int, chain_left: int) -> tuple[bytes, int]:
+        """(content, delta depth) of an object, read from disk and verified."""
         frame = self.read_frame(digest)
         try:
             # decode_frame checks the content against the header's digest; the
             # header's digest must also be the object's name (a swapped file).
             if native.frame_digest_hex(frame) != digest:
                 raise CorruptObjectError("it holds another object's content")
-            return native.decode_frame(frame, max_size)
+            base = native.frame_delta_base(frame)
+            if base is None:
+                return native.decode_frame(frame, max_size), 0
+            if chain_left <= 0:
+                raise CorruptObjectError("its chain of delta frames is too long")
+            base_content = self._base_content(base[0], chain_left - 1)
+            return native.decode_delta_frame(frame, base_content, max_size), base[1]
         except CorruptObjectError as exc:
             raise CorruptObjectError(f"object {digest} is corrupt: {exc}") from exc
+
+    def _base_content(self, digest: str, chain_left: int) -> bytes:
+        """The content of a delta frame's base (from the cache of recent contents)."""
+        cached = self.recent(digest)
+        if cached is not None:
+            return cached[0]
+        content, depth = self._get(digest, NO_SIZE_LIMIT, chain_left)
+        self.remember(digest, content, depth)
+        return content
+
+    def remember(self, digest: str, content: bytes, depth: int) -> None:
+        """Keep a verified object's content at hand as a delta base (bounded cache).
+
+        A save frames its new last chunk as a delta on the chunk it replaces,
+        which the previous save of the session has just written: remembering
+        what was written saves reading (and decoding a chain) to compress.
+        """
+        if len(content) > RECENT_BYTES // 4:
+            return
+        with self._lock:
+            self._drop_recent(digest)
+            self._recent[digest] = (content, depth)
+            self._recent_bytes += len(content)
+            while self._recent_bytes > RECENT_BYTES:
+                _, (dropped, _) = self._recent.popitem(last=False)
+                self._recent_bytes -= len(dropped)
+
+    def _drop_recent(self, digest: str) -> None:
+        old = self._recent.pop(digest, None)
+        if old is not None:
+            self._recent_bytes -= len(old[0])
+
+    def recent(self, digest: str) -> tuple[bytes, int] | None:
+        """(content, delta depth) of a remembered object, or None."""
+        with self._lock:
+            hit = self._recent.get(digest)
+            if hit is not None:
+                self._recent.move_to_end(digest)
+            return hit
+
+    def delta_depth(self, digest: str) -> int:
+        """How many delta frames reading this object decodes (0: a plain frame)."""
+        base = native.frame_delta_base(self.read_frame(digest))
+        return 0 if base is None else base[1]
+
+    def read_plain_frame(self, digest: str) -> bytes:
+        """The object as a self-contained frame (a delta frame is re-encoded whole).
+
+        For copies that leave this store or may outlive the base: replication,
+        and journal records of other sessions.
+        """
+        frame = self.read_frame(digest)
+        if native.frame_delta_base(frame) is None:
+            return frame
+        return native.encode_frame(self.get(digest, NO_SIZE_LIMIT))
+
+    def with_bases(self, digests: Iterable[str]) -> set[str]:
+        """`digests` plus the bases their delta frames need, transitively (for GC).
+
+        An object that cannot be read is left as it is: verification reports it.
+        """
+        found = set(digests)
+        todo = list(found)
+        while todo:
+            digest = todo.pop()
+            try:
+                base = native.frame_delta_base(self.read_frame(digest))
+            except (CorruptObjectError, DataLossError):
+                continue
+            if base is not None and base[0] not in found:
+                found.add(base[0])
+                todo.append(base[0])
+        return found
 
     def verify(self, digest: str) -> str | None:
         """Re-hash one object; return a problem description or None if sound."""
         try:
             frame = self.read_frame(digest)
+            if native.frame_delta_base(frame) is not None:
+                self.get(digest, NO_SIZE_LIMIT)  # decodes the chain, checks every digest
+                return None
             found = native.verify_frame(frame, NO_SIZE_LIMIT)
         except (CorruptObjectError, DataLossError) as exc:
             return str(exc)
@@ -644,6 +748,7 @@ class ObjectStore:
             self._bury(number, offset, size)
         self._unsynced.pop(digest, None)
         self._written_at.pop(digest, None)
+        self._drop_recent(digest)
         return location
 
     def write_tombstones(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stratad import native, tracing
-from stratad.errors import DataLossError
+from stratad.errors import CorruptObjectError, DataLossError
 from stratad.store import manifest
 from stratad.store.crypto import RecordCipher, TenantCipher
 from stratad.store.failstop import FailStop
@@ -37,6 +37,8 @@ class StoredState:
     new_objects: list[tuple[str, bytes]] = field(default_factory=list)
     #: The manifest this one is a delta on ("" if none).
     base: str = ""
+    #: Objects the new delta frames are deltas on (they must stay stored).
+    delta_bases: list[str] = field(default_factory=list)
 
 
 class StaleBaseError(Exception):
@@ -92,32 +94,101 @@ class TenantStore:
         proportional to what changed rather than to the state's size.
         """
         chunks = []
-        frames = {}
+        contents: dict[str, bytes] = {}
         for offset, length in native.chunk_boundaries(data):
             piece = data[offset : offset + length]
             digest = native.digest_hex(piece)
             chunks.append((digest, length))
-            if not self.objects.has(digest) and digest not in frames:
-                frames[digest] = native.encode_frame(piece)
-        return self.prepare_entries(manifest.entries_blob(chunks), frames, base)
+            if not self.objects.has(digest):
+                contents[digest] = piece
+        entries = manifest.entries_blob(chunks)
+        frames, delta_bases = self.frame_new_chunks(entries, contents, base)
+        return self.prepare_entries(entries, frames, base, delta_bases)
+
+    def frame_new_chunks(
+        self,
+        entries: bytes,
+        contents: dict[str, bytes],
+        base: tuple[str, str] | None,
+        framed: dict[str, bytes] | None = None,
+    ) -> tuple[dict[str, bytes], list[str]]:
+        """Frames of a state's new chunks (`contents`: digest -> content), and the
+        objects those that are delta frames are deltas on.
+
+        A new chunk is framed as a delta on the chunk at its place in the base
+        state when that is smaller: a growing state rewrites its last chunk on
+        every save, and as a delta that chunk costs about what was appended,
+        not its whole compressed size again. `framed` holds plain frames the
+        caller already has (uploaded ones), used when no delta pays.
+        """
+        replaced = self._base_chunks(base)
+        frames: dict[str, bytes] = {}
+        delta_bases: dict[str, None] = {}
+        for index, (digest, _) in enumerate(manifest.iter_entries(entries)):
+            if digest not in contents or digest in frames:
+                continue
+            old = replaced[index] if index < len(replaced) else ""
+            frame, depth = self._frame_chunk(contents[digest], old)
+            if depth:
+                delta_bases[old] = None
+            elif framed is not None and digest in framed:
+                frame = framed[digest]
+            frames[digest] = frame
+            self.objects.remember(digest, contents[digest], depth)
+        return frames, list(delta_bases)
+
+    def _base_chunks(self, base: tuple[str, str] | None) -> list[str]:
+        """The chunk digests of the base state, in order ([] when it has none)."""
+        if base is None or base[1] == ROOT_EMPTY:
+            return []
+        if base[1] == ROOT_CHUNK:
+            return [base[0]]
+        try:
+            return [d for d, _ in manifest.iter_entries(self.resolve_manifest(base[0])[0])]
+        except (DataLossError, CorruptObjectError):
+            return []  # no deltas then; the save itself does not need the base
+
+    def _frame_chunk(self, piece: bytes, old: str) -> tuple[bytes, int]:
+        """The frame of a new chunk and its delta depth: a delta on `old` if that pays."""
+        if not old:
+            return native.encode_frame(piece), 0
+        try:
+            if not self.objects.has(old):
+                return native.encode_frame(piece), 0
+            content = self.objects.content(old, self.max_object_bytes)
+            base = self.objects.recent(old)
+        except (DataLossError, CorruptObjectError):
+            return native.encode_frame(piece), 0  # a damaged base: Verify reports it
+        depth = base[1] if base is not None else self.objects.delta_depth(old)
+        frame = native.encode_delta_frame(piece, content, depth)
+        found = native.frame_delta_base(frame)
+        return frame, 0 if found is None else found[1]
 
     def prepare_entries(
-        self, entries: bytes, frames: dict[str, bytes], base: tuple[str, str] | None
+        self,
+        entries: bytes,
+        frames: dict[str, bytes],
+        base: tuple[str, str] | None,
+        delta_bases: list[str] | None = None,
     ) -> StoredState:
-        """Build the root for a chunk list; `frames` holds verified new chunks."""
+        """Build the root for a chunk list; `frames` holds verified new chunks,
+        `delta_bases` the objects those that are delta frames need."""
         count = manifest.entry_count(entries)
         if count == 0:
             return StoredState("", ROOT_EMPTY, entries)
         new = [(d, frames[d]) for d, _ in manifest.iter_entries(entries) if d in frames]
         unique = dict(new)
+        bases = list(delta_bases or ())
         if count == 1:
             root = next(manifest.iter_entries(entries))[0]
-            return StoredState(root, ROOT_CHUNK, entries, list(unique.items()))
+            return StoredState(root, ROOT_CHUNK, entries, list(unique.items()), "", bases)
         content = manifest.encode(entries, self._manifest_base(base))
         root, decoded = native.digest_hex(content), manifest.decode(content)
         unique[root] = native.encode_frame(content)
         self._cache_manifest(root, entries, decoded.depth)
-        return StoredState(root, ROOT_MANIFEST, entries, list(unique.items()), decoded.base)
+        return StoredState(
+            root, ROOT_MANIFEST, entries, list(unique.items()), decoded.base, bases
+        )
 
     def _manifest_base(self, base: tuple[str, str] | None) -> tuple[str, bytes, int] | None:
         if base is None or base[1] != ROOT_MANIFEST:
@@ -156,9 +227,12 @@ class TenantStore:
                 if not self.objects.has(digest):
                     raise StaleBaseError(digest)
                 if self.objects.needs_inline(digest, owner):
-                    inline.append((digest, self.objects.read_frame(digest)))
+                    # Whole, not a delta: this record must not depend on
+                    # objects another journal carries.
+                    inline.append((digest, self.objects.read_plain_frame(digest)))
             if self.gc_touched is not None:
-                self.gc_touched.update(self.closure(state.root, state.root_kind, state.entries))
+                closure = self.closure(state.root, state.root_kind, state.entries)
+                self.gc_touched.update(self.objects.with_bases(closure))
         return inline
 
     def added_bytes(self, state: StoredState, owner: str) -> int:
@@ -179,11 +253,13 @@ class TenantStore:
         return added
 
     def _referenced_existing(self, state: StoredState) -> list[str]:
-        """Objects the state points at without carrying them (chunks it dedups, its base)."""
+        """Objects the state points at without carrying them (chunks it dedups, its
+        manifest's base, the bases of its delta frames)."""
         new = {d for d, _ in state.new_objects}
         refs = [d for d, _ in manifest.iter_entries(state.entries) if d not in new]
         if state.base:
             refs.append(state.base)
+        refs += (d for d in state.delta_bases if d not in new)
         return refs
 
     def missing(self, digests: list[str]) -> list[str]:

@@ -23,13 +23,15 @@ pub const FRAME_HEADER_SIZE: usize = 52;
 pub const CODEC_RAW: u8 = 0;
 /// Codec byte: the payload is one zstd frame.
 pub const CODEC_ZSTD: u8 = 1;
+/// Codec byte: the payload is a delta on a base object (see `crate::delta`).
+pub const CODEC_ZSTD_DELTA: u8 = 2;
 const CHECKED_LEN: usize = 48;
 const CHECK_SIZE: usize = 4;
 
 /// The parsed, checked header of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
-    /// `CODEC_RAW` or `CODEC_ZSTD`.
+    /// `CODEC_RAW`, `CODEC_ZSTD` or `CODEC_ZSTD_DELTA`.
     pub codec: u8,
     /// Length of the uncompressed data.
     pub length: u64,
@@ -44,7 +46,7 @@ fn header_check(first_48: &[u8]) -> [u8; CHECK_SIZE] {
     check
 }
 
-fn write_header(out: &mut Vec<u8>, codec: u8, length: u64, digest: &[u8; DIGEST_SIZE]) {
+pub(crate) fn write_header(out: &mut Vec<u8>, codec: u8, length: u64, digest: &[u8; DIGEST_SIZE]) {
     let start = out.len();
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
@@ -74,7 +76,7 @@ pub fn parse_header(frame: &[u8]) -> Result<FrameHeader> {
         )));
     }
     let codec = header[5];
-    if codec != CODEC_RAW && codec != CODEC_ZSTD {
+    if codec != CODEC_RAW && codec != CODEC_ZSTD && codec != CODEC_ZSTD_DELTA {
         return Err(Error::corrupt(format!("unknown frame codec {codec}")));
     }
     if header[6..8] != [0, 0] {
@@ -173,7 +175,8 @@ fn decode(frame: &[u8], max_size: u64) -> Result<(FrameHeader, Vec<u8>)> {
             }
             payload.to_vec()
         }
-        _ => decode_zstd_payload(payload, header.length, max_size)?,
+        CODEC_ZSTD => decode_zstd_payload(payload, header.length, max_size)?,
+        _ => return Err(crate::delta::needs_base()),
     };
     if digest(&data) != header.digest {
         return Err(Error::corrupt("frame digest mismatch"));

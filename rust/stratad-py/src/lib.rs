@@ -251,6 +251,46 @@ fn frame_digest_hex(py: Python<'_>, frame: &[u8]) -> PyResult<String> {
     Ok(core::to_hex(&check(py, core::frame_digest(frame))?))
 }
 
+/// The frame of `data` as a delta on `base` when that is smaller, else its plain frame.
+#[pyfunction]
+#[pyo3(signature = (data, base, base_depth, level = Int(3)))]
+fn encode_delta_frame<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    base: &[u8],
+    base_depth: Int,
+    level: Int,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let level = level.level(py)?;
+    let depth = u8::try_from(base_depth.limit(py, "base_depth")?.min(255)).unwrap_or(u8::MAX);
+    let result = run(py, data.len(), || {
+        core::encode_delta_frame(data, base, depth, level)
+    });
+    Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// The data of a delta frame, decoded against its base's data.
+#[pyfunction]
+fn decode_delta_frame<'py>(
+    py: Python<'py>,
+    frame: &[u8],
+    base: &[u8],
+    max_size: Int,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let max_size = max_size.limit(py, "max_size")?;
+    let result = run(py, frame.len() + base.len(), || {
+        core::decode_delta_frame(frame, base, max_size)
+    });
+    Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// (base digest hex, depth) of a delta frame; None for a plain frame.
+#[pyfunction]
+fn frame_delta_base(py: Python<'_>, frame: &[u8]) -> PyResult<Option<(String, u8)>> {
+    let base = check(py, core::frame_delta_base(frame))?;
+    Ok(base.map(|(digest, depth)| (core::to_hex(&digest), depth)))
+}
+
 /// One chunk of a state, cut, digested and framed by `prepare_chunks`.
 #[pyclass(frozen, module = "stratad._core")]
 struct PreparedChunk {
@@ -585,6 +625,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_MAX_CHUNK", core::DEFAULT_MAX_CHUNK)?;
     m.add("FRAME_HEADER_SIZE", core::FRAME_HEADER_SIZE)?;
     m.add("FORMAT_VERSION", core::FORMAT_VERSION)?;
+    m.add("MAX_DELTA_DEPTH", core::MAX_DELTA_DEPTH)?;
     m.add_class::<PreparedChunk>()?;
     m.add_class::<JaccardIndex>()?;
     m.add_class::<CrystalIndex>()?;
@@ -598,6 +639,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(verify_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_digest_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_delta_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_delta_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(frame_delta_base, m)?)?;
     m.add_function(wrap_pyfunction!(prepare_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(tokenize, m)?)?;
     m.add_function(wrap_pyfunction!(jaccard, m)?)?;

@@ -1,0 +1,257 @@
+//! Delta frames: an object stored as the difference to another object.
+//!
+//! A checkpoint of a growing state rewrites its last chunk on every save:
+//! the new chunk is the old one plus a little. Framed on its own it costs
+//! its whole compressed size again; compressed with the chunk it replaces as
+//! zstd's prefix (a raw-content dictionary) it costs about what was added.
+//!
+//! A delta frame is an ordinary frame (same 52-byte checked header: codec
+//! [`CODEC_ZSTD_DELTA`], the length and BLAKE3 digest of the *decoded* data)
+//! whose payload is
+//!
+//! ```text
+//! 32-byte BLAKE3 digest of the base's data | u8 depth | zstd frame (base as prefix)
+//! ```
+//!
+//! `depth` is 1 + the base's depth (a plain frame has depth 0). Chains are
+//! bounded by [`MAX_DELTA_DEPTH`] so that reading an object decodes at most
+//! that many frames. Decoding needs the base's data; the result is checked
+//! against the header's digest like any frame, so a wrong or damaged base
+//! can only fail, never produce other data.
+
+use zstd::zstd_safe::{self, CCtx, CParameter, DCtx};
+
+use crate::compress::{buffer_with_capacity, validate_level, zstd_error_name};
+use crate::digest::{digest, DIGEST_SIZE};
+use crate::error::{Error, Result};
+use crate::frame::{
+    encode_frame, parse_header, write_header, CODEC_ZSTD_DELTA, FRAME_HEADER_SIZE,
+};
+
+/// Longest chain of delta frames: a base at this depth gets a plain frame.
+pub const MAX_DELTA_DEPTH: u8 = 16;
+/// Bytes of the delta payload before its zstd frame (base digest + depth).
+pub const DELTA_PREFIX_SIZE: usize = DIGEST_SIZE + 1;
+
+/// The error for a delta frame given to a decoder that has no base: to it,
+/// the frame is undecodable (`Corrupt`), as an unknown codec would be.
+pub(crate) fn needs_base() -> Error {
+    Error::corrupt("a delta frame cannot be decoded without its base (decode_delta_frame)")
+}
+
+/// Frames `data` as a delta on `base` (whose own delta depth is `base_depth`)
+/// when that is smaller than framing it alone; otherwise the plain frame.
+///
+/// A base at [`MAX_DELTA_DEPTH`] or beyond gives the plain frame too.
+pub fn encode_delta_frame(data: &[u8], base: &[u8], base_depth: u8, level: i32) -> Result<Vec<u8>> {
+    let plain = encode_frame(data, level)?;
+    if base_depth >= MAX_DELTA_DEPTH || base.is_empty() || data.is_empty() {
+        return Ok(plain);
+    }
+    let packed = compress_with_prefix(data, base, level)?;
+    if FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE + packed.len() >= plain.len() {
+        return Ok(plain);
+    }
+    let mut out = Vec::with_capacity(FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE + packed.len());
+    write_header(&mut out, CODEC_ZSTD_DELTA, data.len() as u64, &digest(data));
+    out.extend_from_slice(&digest(base));
+    out.push(base_depth + 1);
+    out.extend_from_slice(&packed);
+    Ok(out)
+}
+
+/// The base a frame is a delta on, as (digest, depth of this frame); `None`
+/// for a plain frame. Checks the header, not the payload.
+pub fn frame_delta_base(frame: &[u8]) -> Result<Option<([u8; DIGEST_SIZE], u8)>> {
+    let header = parse_header(frame)?;
+    if header.codec != CODEC_ZSTD_DELTA {
+        return Ok(None);
+    }
+    let prefix = frame
+        .get(FRAME_HEADER_SIZE..FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE)
+        .ok_or_else(|| Error::corrupt("delta frame too short for its base"))?;
+    let mut base = [0u8; DIGEST_SIZE];
+    base.copy_from_slice(&prefix[..DIGEST_SIZE]);
+    let depth = prefix[DIGEST_SIZE];
+    if depth == 0 || depth > MAX_DELTA_DEPTH {
+        return Err(Error::corrupt(format!("delta frame of impossible depth {depth}")));
+    }
+    Ok(Some((base, depth)))
+}
+
+/// Decodes a delta frame given its base's data: checks the header, that
+/// `base` is the base the frame names, the sizes and the result's digest.
+pub fn decode_delta_frame(frame: &[u8], base: &[u8], max_size: u64) -> Result<Vec<u8>> {
+    let header = parse_header(frame)?;
+    let (base_digest, _) = frame_delta_base(frame)?
+        .ok_or_else(|| Error::invalid("not a delta frame (decode it with decode_frame)"))?;
+    if header.length > max_size {
+        return Err(Error::TooLarge { limit: max_size });
+    }
+    if digest(base) != base_digest {
+        return Err(Error::corrupt("delta frame decoded against the wrong base"));
+    }
+    let payload = &frame[FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE..];
+    match zstd_safe::find_frame_compressed_size(payload) {
+        Ok(size) if size == payload.len() => {}
+        Ok(_) => return Err(Error::corrupt("bytes after the zstd frame in payload")),
+        Err(code) => {
+            return Err(Error::corrupt(format!(
+                "bad zstd payload: {}",
+                zstd_error_name(code)
+            )))
+        }
+    }
+    let size = usize::try_from(header.length).map_err(|_| Error::TooLarge { limit: max_size })?;
+    let data = decompress_with_prefix(payload, base, size, max_size)?;
+    if digest(&data) != header.digest {
+        return Err(Error::corrupt("frame digest mismatch"));
+    }
+    Ok(data)
+}
+
+fn zstd_internal(code: usize) -> Error {
+    Error::Internal(format!("zstd: {}", zstd_error_name(code)))
+}
+
+/// One zstd frame of `data` compressed with `prefix` as raw-content
+/// dictionary. A prefix is never parsed as a trained dictionary, whatever
+/// its first bytes are.
+fn compress_with_prefix(data: &[u8], prefix: &[u8], level: i32) -> Result<Vec<u8>> {
+    validate_level(level)?;
+    let mut cctx =
+        CCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))?;
+    cctx.set_parameter(CParameter::CompressionLevel(level))
+        .map_err(zstd_internal)?;
+    cctx.set_parameter(CParameter::ContentSizeFlag(true))
+        .map_err(zstd_internal)?;
+    cctx.set_parameter(CParameter::ChecksumFlag(false))
+        .map_err(zstd_internal)?;
+    cctx.ref_prefix(prefix).map_err(zstd_internal)?;
+    let mut out = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
+    cctx.compress2(&mut out, data).map_err(zstd_internal)?;
+    Ok(out)
+}
+
+/// Decodes a zstd frame made by [`compress_with_prefix`] into exactly `size` bytes.
+fn decompress_with_prefix(payload: &[u8], prefix: &[u8], size: usize, limit: u64) -> Result<Vec<u8>> {
+    let mut out = buffer_with_capacity(size, limit)?;
+    let mut dctx =
+        DCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))?;
+    dctx.ref_prefix(prefix)
+        .map_err(|code| Error::corrupt(format!("zstd: {}", zstd_error_name(code))))?;
+    let written = dctx
+        .decompress(&mut out, payload)
+        .map_err(|code| Error::corrupt(format!("zstd: {}", zstd_error_name(code))))?;
+    if written != size {
+        return Err(Error::corrupt(format!(
+            "zstd frame decoded to {written} bytes, declared {size}"
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{decode_frame, frame_digest, verify_frame, CODEC_ZSTD};
+
+    fn conversation(messages: usize) -> Vec<u8> {
+        let words = [
+            "agent ", "search ", "revenue ", "table ", "retries ", "notes ", "the ", "user ",
+            "asked ", "about ", "quarterly ", "figures ", "tool ", "because ", "timeouts ",
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut out = b"{\"messages\":[".to_vec();
+        for _ in 0..messages {
+            out.extend_from_slice(b"{\"content\":\"");
+            for _ in 0..80 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                out.extend_from_slice(words[(state % words.len() as u64) as usize].as_bytes());
+            }
+            out.extend_from_slice(b"\"},");
+        }
+        out.extend_from_slice(format!("],\"step\":{messages}}}").as_bytes());
+        out
+    }
+
+    #[test]
+    fn a_grown_chunk_costs_about_what_was_added() {
+        let old = conversation(10);
+        let new = conversation(11);
+        let plain = encode_frame(&new, 3).expect("plain");
+        let delta = encode_delta_frame(&new, &old, 0, 3).expect("delta");
+        assert_eq!(delta[5], CODEC_ZSTD_DELTA);
+        assert!(delta.len() * 3 < plain.len(), "{} vs {}", delta.len(), plain.len());
+        assert_eq!(decode_delta_frame(&delta, &old, u64::MAX).expect("decode"), new);
+        assert_eq!(frame_digest(&delta).expect("digest"), digest(&new));
+        assert_eq!(frame_delta_base(&delta).expect("base"), Some((digest(&old), 1)));
+        assert_eq!(frame_delta_base(&plain).expect("base"), None);
+    }
+
+    #[test]
+    fn plain_frame_when_the_delta_does_not_pay_or_the_chain_is_full() {
+        let new = conversation(3);
+        let unrelated: Vec<u8> = (0..4000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        for (base, depth) in [(&unrelated[..], 0), (&conversation(2)[..], MAX_DELTA_DEPTH), (&[][..], 0)] {
+            let frame = encode_delta_frame(&new, base, depth, 3).expect("encode");
+            assert_eq!(frame[5], CODEC_ZSTD, "depth {depth}");
+            assert_eq!(decode_frame(&frame, u64::MAX).expect("decode"), new);
+        }
+        let deep = encode_delta_frame(&new, &conversation(2), MAX_DELTA_DEPTH - 1, 3).expect("encode");
+        assert_eq!(frame_delta_base(&deep).expect("base").map(|b| b.1), Some(MAX_DELTA_DEPTH));
+    }
+
+    #[test]
+    fn the_wrong_base_or_no_base_never_yields_data() {
+        let old = conversation(10);
+        let new = conversation(11);
+        let delta = encode_delta_frame(&new, &old, 0, 3).expect("delta");
+        let mut other = old.clone();
+        other[20] ^= 1;
+        assert!(matches!(decode_delta_frame(&delta, &other, u64::MAX), Err(Error::Corrupt(_))));
+        assert!(matches!(decode_frame(&delta, u64::MAX), Err(Error::Corrupt(_))));
+        assert!(matches!(verify_frame(&delta, u64::MAX), Err(Error::Corrupt(_))));
+        let plain = encode_frame(&new, 3).expect("plain");
+        assert!(matches!(decode_delta_frame(&plain, &old, u64::MAX), Err(Error::InvalidInput(_))));
+        assert!(matches!(
+            decode_delta_frame(&delta, &old, new.len() as u64 - 1),
+            Err(Error::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn every_corrupted_byte_fails() {
+        let old = conversation(6);
+        let new = conversation(7);
+        let delta = encode_delta_frame(&new, &old, 3, 3).expect("delta");
+        for position in 0..delta.len() {
+            let mut bad = delta.clone();
+            bad[position] ^= 0xFF;
+            match decode_delta_frame(&bad, &old, u64::MAX) {
+                Err(Error::Corrupt(_)) => {}
+                Ok(data) if position >= FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE => {
+                    assert_eq!(data, new, "byte {position}")
+                }
+                other => panic!("byte {position}: {other:?}"),
+            }
+        }
+        for cut in 0..delta.len() {
+            assert!(decode_delta_frame(&delta[..cut], &old, u64::MAX).is_err(), "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn a_base_that_looks_like_a_trained_dictionary_is_still_raw_content() {
+        // zstd's dictionary magic first: a loader that guessed would misparse it.
+        let mut old = vec![0x37, 0xA4, 0x30, 0xEC];
+        old.extend_from_slice(&conversation(5));
+        let mut new = old.clone();
+        new.extend_from_slice(&conversation(1));
+        let delta = encode_delta_frame(&new, &old, 0, 3).expect("delta");
+        assert_eq!(delta[5], CODEC_ZSTD_DELTA);
+        assert_eq!(decode_delta_frame(&delta, &old, u64::MAX).expect("decode"), new);
+    }
+}
