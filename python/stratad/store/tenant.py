@@ -186,9 +186,7 @@ class TenantStore:
         root, decoded = native.digest_hex(content), manifest.decode(content)
         unique[root] = native.encode_frame(content)
         self._cache_manifest(root, entries, decoded.depth)
-        return StoredState(
-            root, ROOT_MANIFEST, entries, list(unique.items()), decoded.base, bases
-        )
+        return StoredState(root, ROOT_MANIFEST, entries, list(unique.items()), decoded.base, bases)
 
     def _manifest_base(self, base: tuple[str, str] | None) -> tuple[str, bytes, int] | None:
         if base is None or base[1] != ROOT_MANIFEST:

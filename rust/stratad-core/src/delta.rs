@@ -24,9 +24,7 @@ use zstd::zstd_safe::{self, CCtx, CParameter, DCtx};
 use crate::compress::{buffer_with_capacity, validate_level, zstd_error_name};
 use crate::digest::{digest, DIGEST_SIZE};
 use crate::error::{Error, Result};
-use crate::frame::{
-    encode_frame, parse_header, write_header, CODEC_ZSTD_DELTA, FRAME_HEADER_SIZE,
-};
+use crate::frame::{encode_frame, parse_header, write_header, CODEC_ZSTD_DELTA, FRAME_HEADER_SIZE};
 
 /// Longest chain of delta frames: a base at this depth gets a plain frame.
 pub const MAX_DELTA_DEPTH: u8 = 16;
@@ -74,7 +72,9 @@ pub fn frame_delta_base(frame: &[u8]) -> Result<Option<([u8; DIGEST_SIZE], u8)>>
     base.copy_from_slice(&prefix[..DIGEST_SIZE]);
     let depth = prefix[DIGEST_SIZE];
     if depth == 0 || depth > MAX_DELTA_DEPTH {
-        return Err(Error::corrupt(format!("delta frame of impossible depth {depth}")));
+        return Err(Error::corrupt(format!(
+            "delta frame of impossible depth {depth}"
+        )));
     }
     Ok(Some((base, depth)))
 }
@@ -134,7 +134,12 @@ fn compress_with_prefix(data: &[u8], prefix: &[u8], level: i32) -> Result<Vec<u8
 }
 
 /// Decodes a zstd frame made by [`compress_with_prefix`] into exactly `size` bytes.
-fn decompress_with_prefix(payload: &[u8], prefix: &[u8], size: usize, limit: u64) -> Result<Vec<u8>> {
+fn decompress_with_prefix(
+    payload: &[u8],
+    prefix: &[u8],
+    size: usize,
+    limit: u64,
+) -> Result<Vec<u8>> {
     let mut out = buffer_with_capacity(size, limit)?;
     let mut dctx =
         DCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))?;
@@ -158,8 +163,21 @@ mod tests {
 
     fn conversation(messages: usize) -> Vec<u8> {
         let words = [
-            "agent ", "search ", "revenue ", "table ", "retries ", "notes ", "the ", "user ",
-            "asked ", "about ", "quarterly ", "figures ", "tool ", "because ", "timeouts ",
+            "agent ",
+            "search ",
+            "revenue ",
+            "table ",
+            "retries ",
+            "notes ",
+            "the ",
+            "user ",
+            "asked ",
+            "about ",
+            "quarterly ",
+            "figures ",
+            "tool ",
+            "because ",
+            "timeouts ",
         ];
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut out = b"{\"messages\":[".to_vec();
@@ -184,10 +202,21 @@ mod tests {
         let plain = encode_frame(&new, 3).expect("plain");
         let delta = encode_delta_frame(&new, &old, 0, 3).expect("delta");
         assert_eq!(delta[5], CODEC_ZSTD_DELTA);
-        assert!(delta.len() * 3 < plain.len(), "{} vs {}", delta.len(), plain.len());
-        assert_eq!(decode_delta_frame(&delta, &old, u64::MAX).expect("decode"), new);
+        assert!(
+            delta.len() * 3 < plain.len(),
+            "{} vs {}",
+            delta.len(),
+            plain.len()
+        );
+        assert_eq!(
+            decode_delta_frame(&delta, &old, u64::MAX).expect("decode"),
+            new
+        );
         assert_eq!(frame_digest(&delta).expect("digest"), digest(&new));
-        assert_eq!(frame_delta_base(&delta).expect("base"), Some((digest(&old), 1)));
+        assert_eq!(
+            frame_delta_base(&delta).expect("base"),
+            Some((digest(&old), 1))
+        );
         assert_eq!(frame_delta_base(&plain).expect("base"), None);
     }
 
@@ -195,13 +224,21 @@ mod tests {
     fn plain_frame_when_the_delta_does_not_pay_or_the_chain_is_full() {
         let new = conversation(3);
         let unrelated: Vec<u8> = (0..4000u32).map(|i| (i * 7919 % 251) as u8).collect();
-        for (base, depth) in [(&unrelated[..], 0), (&conversation(2)[..], MAX_DELTA_DEPTH), (&[][..], 0)] {
+        for (base, depth) in [
+            (&unrelated[..], 0),
+            (&conversation(2)[..], MAX_DELTA_DEPTH),
+            (&[][..], 0),
+        ] {
             let frame = encode_delta_frame(&new, base, depth, 3).expect("encode");
             assert_eq!(frame[5], CODEC_ZSTD, "depth {depth}");
             assert_eq!(decode_frame(&frame, u64::MAX).expect("decode"), new);
         }
-        let deep = encode_delta_frame(&new, &conversation(2), MAX_DELTA_DEPTH - 1, 3).expect("encode");
-        assert_eq!(frame_delta_base(&deep).expect("base").map(|b| b.1), Some(MAX_DELTA_DEPTH));
+        let deep =
+            encode_delta_frame(&new, &conversation(2), MAX_DELTA_DEPTH - 1, 3).expect("encode");
+        assert_eq!(
+            frame_delta_base(&deep).expect("base").map(|b| b.1),
+            Some(MAX_DELTA_DEPTH)
+        );
     }
 
     #[test]
@@ -211,11 +248,23 @@ mod tests {
         let delta = encode_delta_frame(&new, &old, 0, 3).expect("delta");
         let mut other = old.clone();
         other[20] ^= 1;
-        assert!(matches!(decode_delta_frame(&delta, &other, u64::MAX), Err(Error::Corrupt(_))));
-        assert!(matches!(decode_frame(&delta, u64::MAX), Err(Error::Corrupt(_))));
-        assert!(matches!(verify_frame(&delta, u64::MAX), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            decode_delta_frame(&delta, &other, u64::MAX),
+            Err(Error::Corrupt(_))
+        ));
+        assert!(matches!(
+            decode_frame(&delta, u64::MAX),
+            Err(Error::Corrupt(_))
+        ));
+        assert!(matches!(
+            verify_frame(&delta, u64::MAX),
+            Err(Error::Corrupt(_))
+        ));
         let plain = encode_frame(&new, 3).expect("plain");
-        assert!(matches!(decode_delta_frame(&plain, &old, u64::MAX), Err(Error::InvalidInput(_))));
+        assert!(matches!(
+            decode_delta_frame(&plain, &old, u64::MAX),
+            Err(Error::InvalidInput(_))
+        ));
         assert!(matches!(
             decode_delta_frame(&delta, &old, new.len() as u64 - 1),
             Err(Error::TooLarge { .. })
@@ -239,7 +288,10 @@ mod tests {
             }
         }
         for cut in 0..delta.len() {
-            assert!(decode_delta_frame(&delta[..cut], &old, u64::MAX).is_err(), "cut {cut}");
+            assert!(
+                decode_delta_frame(&delta[..cut], &old, u64::MAX).is_err(),
+                "cut {cut}"
+            );
         }
     }
 
@@ -252,6 +304,9 @@ mod tests {
         new.extend_from_slice(&conversation(1));
         let delta = encode_delta_frame(&new, &old, 0, 3).expect("delta");
         assert_eq!(delta[5], CODEC_ZSTD_DELTA);
-        assert_eq!(decode_delta_frame(&delta, &old, u64::MAX).expect("decode"), new);
+        assert_eq!(
+            decode_delta_frame(&delta, &old, u64::MAX).expect("decode"),
+            new
+        );
     }
 }

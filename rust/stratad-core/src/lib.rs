@@ -7,9 +7,9 @@
 
 pub mod chunking;
 pub mod compress;
+pub mod delta;
 pub mod digest;
 pub mod error;
-pub mod delta;
 pub mod frame;
 pub mod generalize;
 pub mod pipeline;
@@ -17,9 +17,9 @@ pub mod similarity;
 
 pub use chunking::{chunk_boundaries, DEFAULT_AVG_CHUNK, DEFAULT_MAX_CHUNK, DEFAULT_MIN_CHUNK};
 pub use compress::{compress, decompress, train_dictionary};
+pub use delta::{decode_delta_frame, encode_delta_frame, frame_delta_base, MAX_DELTA_DEPTH};
 pub use digest::{digest, digest_hex, to_hex};
 pub use error::{Error, Result};
-pub use delta::{decode_delta_frame, encode_delta_frame, frame_delta_base, MAX_DELTA_DEPTH};
 pub use frame::{
     decode_frame, encode_frame, frame_digest, verify_frame, FORMAT_VERSION, FRAME_HEADER_SIZE,
 };

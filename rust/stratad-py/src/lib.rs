@@ -253,7 +253,10 @@ fn frame_digest_hex(py: Python<'_>, frame: &[u8]) -> PyResult<String> {
 
 /// The frame of `data` as a delta on `base` when that is smaller, else its plain frame.
 #[pyfunction]
-#[pyo3(signature = (data, base, base_depth, level = Int(3)))]
+#[pyo3(
+    signature = (data, base, base_depth, level = Int(3)),
+    text_signature = "(data, base, base_depth, level=3)"
+)]
 fn encode_delta_frame<'py>(
     py: Python<'py>,
     data: &[u8],
