@@ -575,8 +575,19 @@ class ObjectStore:
         return self._from_disk(digest, stored)
 
     def get(self, digest: str, max_size: int) -> bytes:
-        """Read, verify and decompress an object; damage is DATA_LOSS, never data."""
-        return self._get(digest, max_size, native.MAX_DELTA_DEPTH)[0]
+        """Read, verify and decompress an object; damage is DATA_LOSS, never data.
+
+        A delta object whose content was verified recently is served from the
+        cache of recent contents: decoding its chain again would cost up to
+        16 decodes. Plain objects are always read and checked.
+        """
+        cached = self.recent(digest)
+        if cached is not None and cached[1] and len(cached[0]) <= max_size:
+            return cached[0]
+        content, depth = self._get(digest, max_size, native.MAX_DELTA_DEPTH)
+        if depth:
+            self.remember(digest, content, depth)
+        return content
 
     def content(self, digest: str, max_size: int) -> bytes:
         """An object's content, from the cache of recent contents when it is there.
@@ -611,13 +622,17 @@ class ObjectStore:
             raise CorruptObjectError(f"object {digest} is corrupt: {exc}") from exc
 
     def _base_content(self, digest: str, chain_left: int) -> bytes:
-        """The content of a delta frame's base (from the cache of recent contents)."""
+        """The content of a delta frame's base (from the cache of recent contents).
+
+        Not remembered when decoded here: a read of a whole state walks one
+        chain per chunk, and caching every intermediate version would push
+        out the contents worth keeping (the chunks themselves, the bases the
+        next save needs).
+        """
         cached = self.recent(digest)
         if cached is not None:
             return cached[0]
-        content, depth = self._get(digest, NO_SIZE_LIMIT, chain_left)
-        self.remember(digest, content, depth)
-        return content
+        return self._get(digest, NO_SIZE_LIMIT, chain_left)[0]
 
     def remember(self, digest: str, content: bytes, depth: int) -> None:
         """Keep a verified object's content at hand as a delta base (bounded cache).
@@ -688,7 +703,8 @@ class ObjectStore:
         try:
             frame = self.read_frame(digest)
             if native.frame_delta_base(frame) is not None:
-                self.get(digest, NO_SIZE_LIMIT)  # decodes the chain, checks every digest
+                # Decoded from disk (not the cache), checked against its digest.
+                self._get(digest, NO_SIZE_LIMIT, native.MAX_DELTA_DEPTH)
                 return None
             found = native.verify_frame(frame, NO_SIZE_LIMIT)
         except (CorruptObjectError, DataLossError) as exc:

@@ -5,9 +5,10 @@
 //! produces more than the caller's `max_size`, refuses a frame that declares
 //! more up front, and never aborts the process on a huge allocation request.
 
+use std::cell::RefCell;
 use std::io::Read;
 
-use zstd::zstd_safe::{self, CCtx, CParameter, DCtx};
+use zstd::zstd_safe::{self, CCtx, CParameter, DCtx, ResetDirective};
 
 use crate::error::{Error, Result};
 
@@ -41,6 +42,31 @@ pub(crate) fn new_cctx() -> Result<CCtx<'static>> {
 
 pub(crate) fn new_dctx() -> Result<DCtx<'static>> {
     DCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))
+}
+
+thread_local! {
+    /// One decompression context per thread, reused: creating one allocates
+    /// about 100 KiB, which costs more than decoding a typical chunk.
+    static DCTX: RefCell<Option<DCtx<'static>>> = const { RefCell::new(None) };
+}
+
+/// Runs `work` with this thread's decompression context.
+fn with_dctx<T>(work: impl FnOnce(&mut DCtx<'static>) -> Result<T>) -> Result<T> {
+    DCTX.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut slot) => {
+            let dctx = match slot.as_mut() {
+                Some(dctx) => dctx,
+                None => slot.insert(new_dctx()?),
+            };
+            let result = work(dctx);
+            if result.is_err() {
+                // One-shot decoding starts afresh anyway; this is belt and braces.
+                let _ = dctx.reset(ResetDirective::SessionAndParameters);
+            }
+            result
+        }
+        Err(_) => work(&mut new_dctx()?), // re-entered: a context of its own
+    })
 }
 
 /// An empty `Vec` with room for `capacity` bytes, or `TooLarge` instead of
@@ -121,12 +147,13 @@ pub(crate) fn decompress_exact(
     limit: u64,
 ) -> Result<Vec<u8>> {
     let mut out = buffer_with_capacity(size, limit)?;
-    let mut dctx = new_dctx()?;
-    let written = match dictionary {
-        Some(dict) => dctx.decompress_using_dict(&mut out, data, dict),
-        None => dctx.decompress(&mut out, data),
-    }
-    .map_err(|code| Error::corrupt(format!("zstd: {}", zstd_error_name(code))))?;
+    let written = with_dctx(|dctx| {
+        match dictionary {
+            Some(dict) => dctx.decompress_using_dict(&mut out, data, dict),
+            None => dctx.decompress(&mut out, data),
+        }
+        .map_err(|code| Error::corrupt(format!("zstd: {}", zstd_error_name(code))))
+    })?;
     if written != size {
         return Err(Error::corrupt(format!(
             "zstd frame decoded to {written} bytes, declared {size}"

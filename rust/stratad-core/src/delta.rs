@@ -21,7 +21,7 @@
 
 use zstd::zstd_safe::{self, CCtx, CParameter, DCtx};
 
-use crate::compress::{buffer_with_capacity, validate_level, zstd_error_name};
+use crate::compress::{buffer_with_capacity, decompress_exact, validate_level, zstd_error_name};
 use crate::digest::{digest, DIGEST_SIZE};
 use crate::error::{Error, Result};
 use crate::frame::{encode_frame, parse_header, write_header, CODEC_ZSTD_DELTA, FRAME_HEADER_SIZE};
@@ -133,13 +133,24 @@ fn compress_with_prefix(data: &[u8], prefix: &[u8], level: i32) -> Result<Vec<u8
     Ok(out)
 }
 
+/// The first bytes of a trained zstd dictionary (`ZSTD_MAGIC_DICTIONARY`).
+const DICTIONARY_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
+
 /// Decodes a zstd frame made by [`compress_with_prefix`] into exactly `size` bytes.
+///
+/// zstd's one-shot dictionary call (on the thread's reused context) takes a
+/// buffer as raw content, which is what a prefix is, unless it starts with
+/// the dictionary magic: such a base goes through a context of its own with
+/// `refPrefix`, which never parses it.
 fn decompress_with_prefix(
     payload: &[u8],
     prefix: &[u8],
     size: usize,
     limit: u64,
 ) -> Result<Vec<u8>> {
+    if !prefix.starts_with(&DICTIONARY_MAGIC) {
+        return decompress_exact(payload, size, Some(prefix), limit);
+    }
     let mut out = buffer_with_capacity(size, limit)?;
     let mut dctx =
         DCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))?;
