@@ -24,6 +24,9 @@ from stratad.store.objects import ObjectStore
 #: How a checkpoint's root object is to be read.
 ROOT_EMPTY, ROOT_CHUNK, ROOT_MANIFEST = "empty", "chunk", "manifest"
 _MANIFEST_CACHE_ENTRIES = 512
+#: A new chunk is tried as a delta only if it starts with the same bytes as
+#: the chunk it replaces.
+_SAME_START = 64
 
 
 @dataclass
@@ -150,16 +153,18 @@ class TenantStore:
 
     def _frame_chunk(self, piece: bytes, old: str) -> tuple[bytes, int]:
         """The frame of a new chunk and its delta depth: a delta on `old` if that pays."""
-        if not old:
+        if not old or not self.objects.has(old):
             return native.encode_frame(piece), 0
         try:
-            if not self.objects.has(old):
-                return native.encode_frame(piece), 0
             content = self.objects.content(old, self.max_object_bytes)
             base = self.objects.recent(old)
+            depth = base[1] if base is not None else self.objects.delta_depth(old)
         except (DataLossError, CorruptObjectError):
             return native.encode_frame(piece), 0  # a damaged base: Verify reports it
-        depth = base[1] if base is not None else self.objects.delta_depth(old)
+        if content[:_SAME_START] != piece[:_SAME_START]:
+            # Not a rewrite of `old` (a grown or edited chunk starts as it did):
+            # trying a delta would only cost a second compression.
+            return native.encode_frame(piece), 0
         frame = native.encode_delta_frame(piece, content, depth)
         found = native.frame_delta_base(frame)
         return frame, 0 if found is None else found[1]
