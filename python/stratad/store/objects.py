@@ -68,8 +68,9 @@ _NO_CARRIER = ""
 MAX_PENDING_BYTES = 64 << 20
 #: A pack at least this large takes no more objects; the next write starts a new one.
 PACK_BYTES = 32 << 20
-#: Bytes of recent object contents kept as delta bases (see ObjectStore.remember).
-RECENT_BYTES = 4 << 20
+#: Bytes of recent object contents a store keeps (see RecentContents), for all
+#: its tenants together.
+RECENT_BYTES = 16 << 20
 #: A pack whose garbage reaches this share of its bytes is compacted after a GC.
 COMPACT_GARBAGE_SHARE = 0.5
 PACKS_DIR = "packs"
@@ -185,11 +186,63 @@ class _Pack:
         return data
 
 
+class RecentContents:
+    """Contents of objects recently written or decoded: a bounded LRU cache.
+
+    A save frames its new last chunk as a delta on the chunk it replaces,
+    which the previous save of the session has just written: remembering what
+    was written saves reading it back (and decoding its chain) to compress.
+    Decoded delta objects are kept too, so that loading a recent state again
+    does not decode its chains again. Every content here passed its digest
+    check. One cache serves all tenants of a daemon (contents are named by
+    their digest, and a tenant only asks for objects its own index holds), so
+    memory is bounded per daemon, not per tenant.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        # digest -> (content, delta depth), least recently used first.
+        self._items: collections.OrderedDict[str, tuple[bytes, int]] = collections.OrderedDict()
+        self._bytes = 0
+
+    def remember(self, digest: str, content: bytes, depth: int) -> None:
+        if len(content) > self.max_bytes // 4:
+            return
+        with self._lock:
+            self._drop(digest)
+            self._items[digest] = (content, depth)
+            self._bytes += len(content)
+            while self._bytes > self.max_bytes:
+                _, (dropped, _) = self._items.popitem(last=False)
+                self._bytes -= len(dropped)
+
+    def get(self, digest: str) -> tuple[bytes, int] | None:
+        with self._lock:
+            hit = self._items.get(digest)
+            if hit is not None:
+                self._items.move_to_end(digest)
+            return hit
+
+    def drop(self, digest: str) -> None:
+        with self._lock:
+            self._drop(digest)
+
+    def _drop(self, digest: str) -> None:
+        old = self._items.pop(digest, None)
+        if old is not None:
+            self._bytes -= len(old[0])
+
+
 class ObjectStore:
     """The objects of one tenant: pack files plus an in-memory digest index."""
 
     def __init__(
-        self, root: Path, fail_stop: FailStop | None = None, cipher: TenantCipher | None = None
+        self,
+        root: Path,
+        fail_stop: FailStop | None = None,
+        cipher: TenantCipher | None = None,
+        recent: RecentContents | None = None,
     ) -> None:
         self.root = root
         #: Seals what goes to disk (encryption at rest); None: entries hold plain frames.
@@ -225,10 +278,7 @@ class ObjectStore:
         # so the map does not grow with every object ever written.
         self._written_at: dict[str, float] = {}
         self._collections = 0
-        # digest -> content of objects recently written or decoded as delta
-        # bases (see `remember`), least recently used first.
-        self._recent: collections.OrderedDict[str, tuple[bytes, int]] = collections.OrderedDict()
-        self._recent_bytes = 0
+        self._recent = recent if recent is not None else RecentContents(RECENT_BYTES)
         #: Called with the digest of every object added (replication ships them).
         self.on_new: Callable[[str], None] | None = None
         self._scan_loose()
@@ -635,34 +685,12 @@ class ObjectStore:
         return self._get(digest, NO_SIZE_LIMIT, chain_left)[0]
 
     def remember(self, digest: str, content: bytes, depth: int) -> None:
-        """Keep a verified object's content at hand as a delta base (bounded cache).
-
-        A save frames its new last chunk as a delta on the chunk it replaces,
-        which the previous save of the session has just written: remembering
-        what was written saves reading (and decoding a chain) to compress.
-        """
-        if len(content) > RECENT_BYTES // 4:
-            return
-        with self._lock:
-            self._drop_recent(digest)
-            self._recent[digest] = (content, depth)
-            self._recent_bytes += len(content)
-            while self._recent_bytes > RECENT_BYTES:
-                _, (dropped, _) = self._recent.popitem(last=False)
-                self._recent_bytes -= len(dropped)
-
-    def _drop_recent(self, digest: str) -> None:
-        old = self._recent.pop(digest, None)
-        if old is not None:
-            self._recent_bytes -= len(old[0])
+        """Keep a verified object's content at hand (see `RecentContents`)."""
+        self._recent.remember(digest, content, depth)
 
     def recent(self, digest: str) -> tuple[bytes, int] | None:
         """(content, delta depth) of a remembered object, or None."""
-        with self._lock:
-            hit = self._recent.get(digest)
-            if hit is not None:
-                self._recent.move_to_end(digest)
-            return hit
+        return self._recent.get(digest)
 
     def delta_depth(self, digest: str) -> int:
         """How many delta frames reading this object decodes (0: a plain frame)."""
@@ -764,7 +792,7 @@ class ObjectStore:
             self._bury(number, offset, size)
         self._unsynced.pop(digest, None)
         self._written_at.pop(digest, None)
-        self._drop_recent(digest)
+        self._recent.drop(digest)
         return location
 
     def write_tombstones(self) -> None:

@@ -36,6 +36,7 @@ from stratad.store.crypto import (
 from stratad.store.failstop import FailStop, ReadOnlyError
 from stratad.store.fsync import make_dirs
 from stratad.store.journal import Journal, Record, ReplayResult, SizeTally, storage_error
+from stratad.store.objects import RECENT_BYTES, RecentContents
 from stratad.store.tenant import TenantStore
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ class Store:
         self.shared_keys: SharedKeys | None = None
         self._check_encryption()
         self._tenants: dict[str, TenantStore] = {}
+        #: Recently written and decoded object contents, for all tenants (bounded).
+        self.recent_contents = RecentContents(RECENT_BYTES)
         self._lock = threading.Lock()
         self._journals: weakref.WeakSet[Journal] = weakref.WeakSet()
         self._stop = threading.Event()
@@ -98,6 +101,7 @@ class Store:
                 max_object_bytes=self.max_object_bytes,
                 fail_stop=self.fail_stop,
                 cipher=cipher,
+                recent=self.recent_contents,
             )
             self._tenants[name] = tenant
             self._watch_objects(tenant)

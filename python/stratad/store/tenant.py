@@ -19,7 +19,7 @@ from stratad.store.crypto import RecordCipher, TenantCipher
 from stratad.store.failstop import FailStop
 from stratad.store.fsync import make_dirs
 from stratad.store.journal import SizeTally
-from stratad.store.objects import ObjectStore
+from stratad.store.objects import ObjectStore, RecentContents
 
 #: How a checkpoint's root object is to be read.
 ROOT_EMPTY, ROOT_CHUNK, ROOT_MANIFEST = "empty", "chunk", "manifest"
@@ -57,6 +57,7 @@ class TenantStore:
         max_object_bytes: int,
         fail_stop: FailStop | None = None,
         cipher: TenantCipher | None = None,
+        recent: RecentContents | None = None,
     ) -> None:
         self.name = name
         self.root = root
@@ -64,7 +65,7 @@ class TenantStore:
         self.cipher = cipher
         self.sessions_root = root / "sessions"
         make_dirs(self.sessions_root)
-        self.objects = ObjectStore(root / "objects", fail_stop, cipher)
+        self.objects = ObjectStore(root / "objects", fail_stop, cipher, recent)
         #: The size of the tenant's open session journals (see `stored_bytes`).
         self.journal_bytes = SizeTally()
         self.max_object_bytes = max_object_bytes
