@@ -132,13 +132,15 @@ class TenantStore:
             if digest not in contents or digest in frames:
                 continue
             old = replaced[index] if index < len(replaced) else ""
-            frame, depth = self._frame_chunk(contents[digest], old)
-            if depth:
+            piece = contents[digest]
+            delta = self._delta_frame(piece, old)
+            if delta is not None:
+                frames[digest], depth = delta
                 delta_bases[old] = None
-            elif framed is not None and digest in framed:
-                frame = framed[digest]
-            frames[digest] = frame
-            self.objects.remember(digest, contents[digest], depth)
+            else:
+                known = framed.get(digest) if framed is not None else None
+                frames[digest], depth = known or native.encode_frame(piece), 0
+            self.objects.remember(digest, piece, depth)
         return frames, list(delta_bases)
 
     def _base_chunks(self, base: tuple[str, str] | None) -> list[str]:
@@ -152,23 +154,23 @@ class TenantStore:
         except (DataLossError, CorruptObjectError):
             return []  # no deltas then; the save itself does not need the base
 
-    def _frame_chunk(self, piece: bytes, old: str) -> tuple[bytes, int]:
-        """The frame of a new chunk and its delta depth: a delta on `old` if that pays."""
+    def _delta_frame(self, piece: bytes, old: str) -> tuple[bytes, int] | None:
+        """A delta frame of a new chunk on `old` and its depth, if one pays."""
         if not old or not self.objects.has(old):
-            return native.encode_frame(piece), 0
+            return None
         try:
             content = self.objects.content(old, self.max_object_bytes)
             base = self.objects.recent(old)
             depth = base[1] if base is not None else self.objects.delta_depth(old)
         except (DataLossError, CorruptObjectError):
-            return native.encode_frame(piece), 0  # a damaged base: Verify reports it
+            return None  # a damaged base: Verify reports it
         if content[:_SAME_START] != piece[:_SAME_START]:
             # Not a rewrite of `old` (a grown or edited chunk starts as it did):
             # trying a delta would only cost a second compression.
-            return native.encode_frame(piece), 0
+            return None
         frame = native.encode_delta_frame(piece, content, depth)
         found = native.frame_delta_base(frame)
-        return frame, 0 if found is None else found[1]
+        return None if found is None else (frame, found[1])
 
     def prepare_entries(
         self,
