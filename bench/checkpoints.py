@@ -67,6 +67,8 @@ class GrowingResult:
     apparent: int
     allocated: int
     logical: int
+    #: stratad only: allocated bytes of object packs and of session journals.
+    parts: tuple[int, int] = (0, 0)
 
     @property
     def cps(self) -> float:
@@ -88,7 +90,18 @@ def run_stratad(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingRes
             last = client.load_state("conversation")
             assert last.data == state, "stratad returned other bytes than saved"
             apparent, allocated = disk_usage(data_dir)
-        return GrowingResult("stratad (gRPC, fsync)", steps, spent, apparent, allocated, logical)
+            parts = stratad_parts(data_dir)
+        return GrowingResult(
+            "stratad (gRPC, fsync)", steps, spent, apparent, allocated, logical, parts
+        )
+
+
+def stratad_parts(data_dir: Path) -> tuple[int, int]:
+    """Allocated bytes of a data directory's objects and of its session journals."""
+    tenants = data_dir / "tenants"
+    objects = sum(disk_usage(t / "objects")[1] for t in tenants.iterdir())
+    journals = sum(disk_usage(t / "sessions")[1] for t in tenants.iterdir())
+    return objects, journals
 
 
 def run_engine(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
@@ -112,8 +125,9 @@ def run_engine(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResu
         finally:
             engine.close()
         apparent, allocated = disk_usage(data_dir)
+        parts = stratad_parts(data_dir)
     return GrowingResult(
-        "stratad engine (in-process, fsync)", steps, spent, apparent, allocated, logical
+        "stratad engine (in-process, fsync)", steps, spent, apparent, allocated, logical, parts
     )
 
 
@@ -195,8 +209,10 @@ def floor_table(results: Sequence[GrowingResult]) -> str:
             continue
         floor = final_state_zstd(r.steps)
         rows.append([str(r.steps), r.store, fmt_bytes(floor), fmt_bytes(r.allocated),
+                     fmt_bytes(r.parts[0]), fmt_bytes(r.parts[1]),
                      f"{r.allocated / floor:.1f}x"])  # fmt: skip
-    headers = ["steps", "store", "zstd(final state)", "allocated", "allocated / zstd(final)"]
+    headers = ["steps", "store", "zstd(final state)", "allocated", "of which objects",
+               "of which journals", "allocated / zstd(final)"]  # fmt: skip
     return markdown_table(headers, rows)
 
 
