@@ -68,6 +68,9 @@ _NO_CARRIER = ""
 MAX_PENDING_BYTES = 64 << 20
 #: A pack at least this large takes no more objects; the next write starts a new one.
 PACK_BYTES = 32 << 20
+#: The start of a frame that says whether it is a delta and on what (header,
+#: base digest, depth).
+_DELTA_HEAD = native.FRAME_HEADER_SIZE + 33
 #: Bytes of recent object contents a store keeps (see RecentContents), for all
 #: its tenants together.
 RECENT_BYTES = 16 << 20
@@ -694,8 +697,26 @@ class ObjectStore:
 
     def delta_depth(self, digest: str) -> int:
         """How many delta frames reading this object decodes (0: a plain frame)."""
-        base = native.frame_delta_base(self.read_frame(digest))
+        base = self.delta_base(digest)
         return 0 if base is None else base[1]
+
+    def delta_base(self, digest: str) -> tuple[str, int] | None:
+        """(base digest, depth) if the object is stored as a delta frame, else None.
+
+        Reads only the frame's start when it can (a plain entry in a pack):
+        GC asks this of every live object.
+        """
+        with self._lock:
+            location = self._index.get(digest)
+            number, offset, size = _unpack_location(location or 0)
+            pack = self._packs.get(number) if number and digest not in self._pending else None
+        if pack is None or self.cipher is not None:
+            return native.frame_delta_base(self.read_frame(digest))
+        try:
+            head = pack.read(offset, min(size, _DELTA_HEAD))
+        except OSError as exc:
+            raise DataLossError(f"object {digest} is unreadable: {exc.strerror}") from exc
+        return native.frame_delta_base(head)
 
     def read_plain_frame(self, digest: str) -> bytes:
         """The object as a self-contained frame (a delta frame is re-encoded whole).
@@ -718,7 +739,7 @@ class ObjectStore:
         while todo:
             digest = todo.pop()
             try:
-                base = native.frame_delta_base(self.read_frame(digest))
+                base = self.delta_base(digest)
             except (CorruptObjectError, DataLossError):
                 continue
             if base is not None and base[0] not in found:
