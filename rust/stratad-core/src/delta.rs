@@ -24,7 +24,10 @@ use zstd::zstd_safe::{self, CCtx, CParameter, DCtx};
 use crate::compress::{buffer_with_capacity, decompress_exact, validate_level, zstd_error_name};
 use crate::digest::{digest, DIGEST_SIZE};
 use crate::error::{Error, Result};
-use crate::frame::{encode_frame, parse_header, write_header, CODEC_ZSTD_DELTA, FRAME_HEADER_SIZE};
+use crate::frame::{
+    check_single_zstd_frame, encode_frame, parse_header, write_header, CODEC_ZSTD_DELTA,
+    FRAME_HEADER_SIZE,
+};
 
 /// Longest chain of delta frames: a base at this depth gets a plain frame.
 pub const MAX_DELTA_DEPTH: u8 = 16;
@@ -92,16 +95,7 @@ pub fn decode_delta_frame(frame: &[u8], base: &[u8], max_size: u64) -> Result<Ve
         return Err(Error::corrupt("delta frame decoded against the wrong base"));
     }
     let payload = &frame[FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE..];
-    match zstd_safe::find_frame_compressed_size(payload) {
-        Ok(size) if size == payload.len() => {}
-        Ok(_) => return Err(Error::corrupt("bytes after the zstd frame in payload")),
-        Err(code) => {
-            return Err(Error::corrupt(format!(
-                "bad zstd payload: {}",
-                zstd_error_name(code)
-            )))
-        }
-    }
+    check_single_zstd_frame(payload)?;
     let size = usize::try_from(header.length).map_err(|_| Error::TooLarge { limit: max_size })?;
     let data = decompress_with_prefix(payload, base, size, max_size)?;
     if digest(&data) != header.digest {

@@ -184,17 +184,20 @@ fn decode(frame: &[u8], max_size: u64) -> Result<(FrameHeader, Vec<u8>)> {
     Ok((header, data))
 }
 
-fn decode_zstd_payload(payload: &[u8], length: u64, max_size: u64) -> Result<Vec<u8>> {
+/// `Corrupt` unless `payload` is exactly one complete zstd frame.
+pub(crate) fn check_single_zstd_frame(payload: &[u8]) -> Result<()> {
     match zstd_safe::find_frame_compressed_size(payload) {
-        Ok(size) if size == payload.len() => {}
-        Ok(_) => return Err(Error::corrupt("bytes after the zstd frame in payload")),
-        Err(code) => {
-            return Err(Error::corrupt(format!(
-                "bad zstd payload: {}",
-                zstd_error_name(code)
-            )))
-        }
+        Ok(size) if size == payload.len() => Ok(()),
+        Ok(_) => Err(Error::corrupt("bytes after the zstd frame in payload")),
+        Err(code) => Err(Error::corrupt(format!(
+            "bad zstd payload: {}",
+            zstd_error_name(code)
+        ))),
     }
+}
+
+fn decode_zstd_payload(payload: &[u8], length: u64, max_size: u64) -> Result<Vec<u8>> {
+    check_single_zstd_frame(payload)?;
     let size = usize::try_from(length).map_err(|_| Error::TooLarge { limit: max_size })?;
     // A buffer of exactly `length` bytes: a payload that would decode to
     // more fails inside zstd instead of growing the output.
