@@ -634,7 +634,7 @@ class ObjectStore:
         cache of recent contents: decoding its chain again would cost up to
         16 decodes. Plain objects are always read and checked.
         """
-        cached = self.recent(digest)
+        cached = self.recent(digest) if digest in self._index else None
         if cached is not None and cached[1] and len(cached[0]) <= max_size:
             return cached[0]
         content, depth = self._get(digest, max_size, native.MAX_DELTA_DEPTH)
