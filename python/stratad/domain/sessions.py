@@ -57,6 +57,18 @@ EVENT_HISTORY = 4096
 MAX_LABELS = 64
 MAX_LABEL_KEY = 128
 MAX_LABEL_VALUE = 256
+#: A session's journal is compacted (rewritten as one snapshot record, which
+#: drops the inline copies of objects the packs hold by then) once it is
+#: larger than both COMPACT_MIN_BYTES and COMPACT_FACTOR times its last
+#: snapshot. The factor keeps the work proportional: a compaction rewrites the
+#: snapshot, and at least as many bytes were appended since the last one. The
+#: minimum spares small sessions the fsyncs of a compaction after every few
+#: saves: the 500-step reference conversation (saves of ~2 KB, most of it
+#: inline objects) compacts about every 60 saves, each a snapshot of at most
+#: ~50 KB. (Profiles and crystal libraries, one journal per tenant, keep
+#: their own thresholds.)
+COMPACT_MIN_BYTES = 128 << 10
+COMPACT_FACTOR = 2
 
 
 @dataclass
@@ -161,13 +173,15 @@ class SessionManager:
         store: Store,
         hub: EventHub | None = None,
         *,
-        compact_min_bytes: int = 4 << 20,
+        compact_min_bytes: int = COMPACT_MIN_BYTES,
+        compact_factor: int = COMPACT_FACTOR,
         quotas: Quotas | None = None,
     ) -> None:
         self.store = store
         self.hub = hub or EventHub()
         self.quotas = quotas or Quotas()
         self.compact_min_bytes = compact_min_bytes
+        self.compact_factor = compact_factor
         self._lock = threading.Lock()
         self._sessions: dict[tuple[str, str], LiveSession] = {}
         #: tenant -> checkpoint_id -> session_id (checkpoint IDs are tenant-unique).
@@ -234,6 +248,8 @@ class SessionManager:
         report["objects_restored"] += restored
         journal = self.store.open_journal(jpath, tenant.journal_bytes)
         live = LiveSession(tenant, path, journal, state)
+        if replay.records[0].kind == "snapshot":  # compaction's threshold counts from it
+            live.snapshot_bytes = replay.first_end
         live.history.extend(history)
         if replay.corrupt_at is not None:
             live.damaged = (
@@ -560,7 +576,7 @@ class SessionManager:
                 live.structured_dirty = True  # conservative: only plain saves leave it
             self._reindex(live, mutation.record)
             live.history.append(mutation.event)
-            if journal.size > max(self.compact_min_bytes, 4 * live.snapshot_bytes):
+            if self._outgrown(live):
                 with self._lock:
                     self._to_compact[live.key] = live
         pending = PendingCommit(journal, offset, live.key, mutation.event)
@@ -626,6 +642,11 @@ class SessionManager:
                 index.pop(gone, None)
             for new in added:
                 index[new] = live.state.session_id
+
+    def _outgrown(self, live: LiveSession) -> bool:
+        """Is the session's journal past its compaction threshold (see COMPACT_MIN_BYTES)?"""
+        threshold = max(self.compact_min_bytes, self.compact_factor * live.snapshot_bytes)
+        return live.journal.size > threshold
 
     def compact_requested(self) -> None:
         """Background hook: compact the journals that outgrew their threshold."""

@@ -197,6 +197,8 @@ class ReplayResult:
     valid_bytes: int
     torn_bytes: int
     corrupt_at: int | None = None
+    #: Where the first record ends (its size on disk); 0 without records.
+    first_end: int = 0
 
 
 def read_records(path: Path, cipher: RecordCipher | None = None) -> ReplayResult:
@@ -214,20 +216,21 @@ def read_records(path: Path, cipher: RecordCipher | None = None) -> ReplayResult
 def parse_records(data: bytes, cipher: RecordCipher | None = None) -> ReplayResult:
     """`read_records` of journal bytes held in memory (e.g. a replicated segment)."""
     records: list[Record] = []
-    pos = 0
+    pos = first_end = 0
     while pos < len(data):
         try:
             found = _read_record(data, pos, cipher)
         except RecordSealError:
-            return ReplayResult(records, pos, 0, corrupt_at=pos)
+            return ReplayResult(records, pos, 0, corrupt_at=pos, first_end=first_end)
         if found is None:
             break
         record, pos = found
         records.append(record)
+        first_end = first_end or pos
     rest = len(data) - pos
     if rest and not _is_torn_tail(data, pos, cipher):
-        return ReplayResult(records, pos, 0, corrupt_at=pos)
-    return ReplayResult(records, pos, rest)
+        return ReplayResult(records, pos, 0, corrupt_at=pos, first_end=first_end)
+    return ReplayResult(records, pos, rest, first_end=first_end)
 
 
 def _read_record(
