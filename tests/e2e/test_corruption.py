@@ -51,7 +51,7 @@ DEFAULT_TENANT = "default"
 FRAME_HEADER_BYTES = 52
 #: A journal larger than this is compacted after the save that grows it past
 #: it (docs/storage.md), dropping the inline copies of the objects.
-COMPACTION_THRESHOLD = 4 << 20
+COMPACTION_THRESHOLD = 128 << 10
 COMPACTION_TIMEOUT = 60.0
 
 _RECORD_HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
@@ -247,8 +247,12 @@ def assert_data_loss(client: stratad.Client, saved: Saved) -> None:
 
 
 def session_states(rng: random.Random, session_id: str) -> list[bytes]:
-    """A small state (one chunk) and a multi-chunk one, random so stored raw."""
-    small, multi = rng.randbytes(1500), rng.randbytes(200_000)
+    """A small state (one chunk) and a multi-chunk one, random so stored raw.
+
+    Together below COMPACTION_THRESHOLD: the journal keeps carrying them.
+    """
+    small, multi = rng.randbytes(1500), rng.randbytes(80_000)
+    assert len(small) + len(multi) < COMPACTION_THRESHOLD * 3 // 4
     assert len(chunk_digests(small)) == 1 and len(chunk_digests(multi)) > 5
     return [small, multi]
 
