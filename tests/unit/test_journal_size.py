@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.util
+import json
+import shutil
+import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import pytest
+
+from stratad import native
 from stratad.domain.checkpoints import SaveInput
 from stratad.domain.engine import Engine
+from stratad.domain.models import Checkpoint, SessionState, SessionStatus
 from stratad.domain.sessions import COMPACT_FACTOR, COMPACT_MIN_BYTES
+from stratad.errors import DataLossError
 from stratad.store.journal import read_records
 
 TENANT = "default"
+#: Data written by stratad before journal records were lean and compressed (see make.py there).
+LEGACY = Path(__file__).parent / "data" / "journals-before-compression"
 
 
 def _workload() -> ModuleType:
@@ -100,5 +113,203 @@ def test_snapshot_bytes_after_a_restart_is_the_first_records_size(tmp_path: Path
     try:
         assert engine.sessions.live(TENANT, "s").snapshot_bytes == snapshot
         assert engine.sessions.live(TENANT, "never-compacted").snapshot_bytes == 0
+    finally:
+        engine.close()
+
+
+# -- lean checkpoints ----------------------------------------------------------------
+
+
+def checkpoint(**changes: Any) -> Checkpoint:
+    base = Checkpoint(
+        checkpoint_id="ckpt-1",
+        session_id="s",
+        version=7,
+        parent_id="",
+        namespace="",
+        name="",
+        content_type="",
+        metadata={},
+        created_at=1795644640.1471112,
+        size=548,
+        digest="ab" * 32,
+        root="ab" * 32,
+        root_kind="chunk",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+VARIANTS = [
+    {},
+    {"parent_id": "ckpt-0", "stored_bytes": 1693},
+    {"root": "cd" * 32, "root_kind": "manifest"},
+    {"namespace": "ns", "name": "pinned", "content_type": "application/json"},
+    {"metadata": {"a": [1, {"b": None}], "": ""}},
+    {"structured": {"root": "ef" * 32, "root_kind": "chunk", "size": 3, "digest": "ef" * 32}},
+    {"writes": [{"task_id": "t", "idx": 0, "channel": "c", "type": "json", "value": "e30="}]},
+    {"session_id": "another-session"},  # a copy's checkpoint may name its source
+    {"version": 9, "created_at": 1.0},  # not the record's own
+    {"size": 0, "digest": "", "root": "", "root_kind": ""},  # an empty state
+]
+
+
+@pytest.mark.parametrize("changes", VARIANTS)
+def test_a_lean_checkpoint_rebuilds_an_identical_one(changes: dict[str, Any]) -> None:
+    cp = checkpoint(**changes)
+    lean = json.loads(json.dumps(cp.to_record("s", 7, 1795644640.1471112)))
+    assert (
+        Checkpoint.from_json(lean, session_id="s", version=7, created_at=1795644640.1471112) == cp
+    )
+    # Without record context (snapshots, copies) the version and time stay in.
+    lean = json.loads(json.dumps(cp.to_record("s")))
+    assert {"version", "created_at"} <= lean.keys()
+    assert Checkpoint.from_json(lean, session_id="s") == cp
+    # The full form (API, archives, journals of older versions) still reads.
+    assert Checkpoint.from_json(json.loads(json.dumps(cp.to_json()))) == cp
+
+
+def test_a_lean_checkpoint_leaves_out_what_the_reader_rebuilds() -> None:
+    cp = checkpoint()
+    assert cp.to_record("s", 7, cp.created_at) == {
+        "checkpoint_id": "ckpt-1",
+        "size": 548,
+        "digest": "ab" * 32,
+        "root_kind": "chunk",
+    }
+    assert len(json.dumps(cp.to_record("s", 7, cp.created_at))) < len(json.dumps(cp.to_json())) / 2
+
+
+def test_lean_checkpoints_keep_the_memory_sharing() -> None:
+    """Interned strings and shared empty containers, as for the full form."""
+    a, b = (
+        Checkpoint.from_json(
+            json.loads(json.dumps(checkpoint(checkpoint_id=i, namespace="n-s").to_record("s"))),
+            session_id="".join(["s"]),  # an equal string, not the same object
+        )
+        for i in ("ckpt-a", "ckpt-b")
+    )
+    assert a.session_id is b.session_id is sys.intern("s")
+    assert a.namespace is b.namespace
+    assert a.metadata is b.metadata and a.structured is b.structured and a.writes is b.writes
+
+
+def test_a_lean_checkpoint_without_its_context_is_data_loss() -> None:
+    lean = checkpoint().to_record("s", 7, 1.5)
+    with pytest.raises(DataLossError, match="session_id"):
+        Checkpoint.from_json(lean)
+    with pytest.raises(DataLossError, match="version"):
+        Checkpoint.from_json(lean, session_id="s")
+
+
+def test_snapshots_store_lean_checkpoints_and_replay_them(tmp_path: Path) -> None:
+    state = SessionState("s", SessionStatus.ACTIVE, 9, {"l": "v"}, 1.0, 2.0, head="ckpt-b")
+    for i, changes in enumerate(VARIANTS):
+        cp = checkpoint(checkpoint_id=f"ckpt-{i}", **changes)
+        state.checkpoints[cp.checkpoint_id] = cp
+    raw = json.loads(json.dumps(state.to_record()))
+    assert all("session_id" not in c for c in raw["checkpoints"][:-3])
+    assert SessionState.from_json(raw) == state
+    assert SessionState.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+def test_save_records_are_lean_and_replay_to_the_same_checkpoints(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    engine = Engine(data_dir, fsync_interval=3600.0)
+    engine.open()
+    try:
+        engine.sessions.create(TENANT, "s")
+        states = [bytes(range(256)) * 40 * (i + 1) for i in range(4)]  # 1 chunk, then several
+        for i, data in enumerate(states):
+            meta = {"step": i} if i % 2 else {}
+            engine.checkpoints.save_state(TENANT, "s", SaveInput(data=data, metadata=meta))
+        engine.checkpoints.create_checkpoint(TENANT, "s", name="pin")
+        before = checkpoints_of(engine, "s")
+    finally:
+        engine.close()
+    saves = [r for r in read_records(journal_path(data_dir, "s")).records if r.kind == "save"]
+    assert len(saves) == 5
+    assert all(record.blobs for record in saves[:4])  # objects carried inline...
+    for record in saves:
+        assert "objects" not in record.body  # ...their digests are in the frames' headers
+        assert "dropped" not in record.body
+        cp = record.body["checkpoint"]
+        assert not {"session_id", "version", "created_at"} & cp.keys()
+    digests = {native.frame_digest_hex(b) for r in saves for b in r.blobs}
+    assert {cp.root for cp in before} <= digests
+    engine = Engine(data_dir, fsync_interval=3600.0)
+    engine.open()
+    try:
+        assert checkpoints_of(engine, "s") == before
+        for cp, data in zip(before, states, strict=False):
+            assert engine.checkpoints.load_state(TENANT, "s", cp.checkpoint_id).data == data
+    finally:
+        engine.close()
+
+
+# -- journals written by older versions ------------------------------------------------
+
+
+def check_legacy(engine: Engine, expected: dict[str, Any]) -> None:
+    for sid, want in expected.items():
+        st = engine.sessions.live(TENANT, sid).state
+        got = {
+            "version": st.version,
+            "status": st.status.value,
+            "head": st.head,
+            "labels": st.labels,
+            "forked_from": st.forked_from,
+            "keep_last": st.keep_last,
+            "created_at": st.created_at,
+            "updated_at": st.updated_at,
+            "structured": st.structured,
+        }
+        assert got == {k: v for k, v in want.items() if k != "checkpoints"}, sid
+        assert [c.to_json() for c in st.checkpoints.values()] == [
+            c["checkpoint"] for c in want["checkpoints"]
+        ]
+        for c in want["checkpoints"]:
+            loaded = engine.checkpoints.load_state(TENANT, sid, c["checkpoint"]["checkpoint_id"])
+            assert hashlib.sha256(loaded.data).hexdigest() == c["sha256"]
+
+
+def test_journals_written_before_compression_replay_unchanged(tmp_path: Path) -> None:
+    """The migration: an older version's journals (plain, full JSON records; a snapshot
+    among them) open as they are, take new records, compact, and reopen the same."""
+    data_dir = tmp_path / "data"
+    shutil.copytree(LEGACY / "data", data_dir)
+    expected = json.loads((LEGACY / "expected.json").read_text())
+    old = read_records(journal_path(data_dir, "legacy"))
+    assert old.records[0].kind == "snapshot" and len(old.records) > 10
+    assert b"\x28\xb5\x2f\xfd" not in journal_path(data_dir, "legacy").read_bytes()[:64]
+    engine = Engine(data_dir, fsync_interval=3600.0)
+    report = engine.open()
+    try:
+        assert report.get("sessions") == 3
+        assert not any(report.get(k) for k in ("torn_tails_cut", "damaged_sessions"))
+        assert report.get("objects_restored", 0) == 0  # the packs hold them all
+        check_legacy(engine, expected)
+        # New (lean, compressed) records follow the old ones in the same file.
+        saved = engine.checkpoints.save_state(TENANT, "legacy", SaveInput(data=b"new" * 500))
+    finally:
+        engine.close()
+    engine = Engine(data_dir, fsync_interval=3600.0)
+    engine.open()
+    try:
+        live = engine.sessions.live(TENANT, "legacy")
+        assert live.state.head == saved.checkpoint.checkpoint_id
+        kept = {k: v for k, v in expected.items() if k != "legacy"}
+        check_legacy(engine, kept)
+        for sid in expected:
+            engine.sessions.compact(TENANT, sid)
+        after = {sid: checkpoints_of(engine, sid) for sid in expected}
+    finally:
+        engine.close()
+    engine = Engine(data_dir, fsync_interval=3600.0)
+    engine.open()
+    try:
+        check_legacy(engine, kept)
+        assert {sid: checkpoints_of(engine, sid) for sid in expected} == after
+        data = engine.checkpoints.load_state(TENANT, "legacy", saved.checkpoint.checkpoint_id).data
+        assert data == b"new" * 500
     finally:
         engine.close()

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stratad import tracing
+from stratad import native, tracing
 from stratad.domain.events import EventHub, SessionEvent
 from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import SessionState, SessionStatus, apply
 from stratad.domain.quotas import Quotas
 from stratad.errors import (
     AlreadyExistsError,
+    CorruptObjectError,
     DataLossError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -274,7 +275,7 @@ class SessionManager:
                 raise DataLossError(f"journal of {owner} does not start with its creation")
             else:
                 apply(state, record.kind, record.body)
-            for digest, frame in zip(record.body.get("objects", ()), record.blobs, strict=True):
+            for digest, frame in zip(inline_digests(record), record.blobs, strict=True):
                 restored += tenant.objects.restore(digest, frame, owner)
             if record.kind != "snapshot":
                 history.append(event_of(record))
@@ -441,7 +442,7 @@ class SessionManager:
             self._sessions[live.key] = live  # reserve the ID while we write
         try:
             with live.lock:
-                create = Record("create", {"v": 1, "at": now, "state": state.to_json()})
+                create = Record("create", {"v": 1, "at": now, "state": state.to_record()})
                 offset = journal.append(create)
                 # The new directory's entry and the journal's entry in it.
                 self.store.fsync_dir(path.parent)
@@ -666,7 +667,8 @@ class SessionManager:
         old = live.journal
         old.sync_now()
         snapshot = Record(
-            "snapshot", {"v": live.state.version, "at": time.time(), "state": live.state.to_json()}
+            "snapshot",
+            {"v": live.state.version, "at": time.time(), "state": live.state.to_record()},
         )
         jpath = live.path / JOURNAL
         self.store.rewrite_journal(jpath, [snapshot])
@@ -729,6 +731,22 @@ def require_status(live: LiveSession, *allowed: SessionStatus) -> None:
         raise FailedPreconditionError(
             f"session {live.state.session_id!r} is {live.state.status.value}"
         )
+
+
+def inline_digests(record: Record) -> list[str]:
+    """The digests of the objects a record carries inline (its blobs), in order.
+
+    A record lists them in `objects`, or (save records since journals went
+    lean) leaves the list out when each is the digest its frame's header
+    names; an undecodable header then is damage the CRC missed.
+    """
+    listed = record.body.get("objects")
+    if listed is not None:
+        return list(listed)
+    try:
+        return [native.frame_digest_hex(frame) for frame in record.blobs]
+    except CorruptObjectError as exc:
+        raise DataLossError(f"an object a journal record carries is damaged: {exc}") from None
 
 
 def event_of(record: Record) -> SessionEvent:
