@@ -212,6 +212,30 @@ def test_snapshots_store_lean_checkpoints_and_replay_them(tmp_path: Path) -> Non
     assert SessionState.from_json(json.loads(json.dumps(state.to_json()))) == state
 
 
+def test_snapshot_parents_are_implied_by_the_order_and_rebuilt_exactly() -> None:
+    state = SessionState("s", SessionStatus.ACTIVE, 9, {}, 1.0, 2.0)
+    parents = {
+        "c1": "c0",  # the first one's parent was dropped by retention: named
+        "c2": "c1",  # a line of saves: implied
+        "c3": "c2",
+        "c4": "",  # a new line: "" named
+        "c5": "c4",
+        "c6": "c2",  # a branch from an earlier checkpoint: named
+        "c7": "",
+    }
+    for cp_id, parent in parents.items():
+        state.checkpoints[cp_id] = checkpoint(checkpoint_id=cp_id, parent_id=parent)
+    raw = json.loads(json.dumps(state.to_record()))
+    written = {c["checkpoint_id"]: c.get("parent_id") for c in raw["checkpoints"]}
+    assert written == {
+        "c1": "c0", "c2": None, "c3": None, "c4": "", "c5": None, "c6": "c2", "c7": "",
+    }  # fmt: skip
+    back = SessionState.from_json(raw)
+    assert back == state
+    # The implied parent is the previous checkpoint's ID string itself (memory).
+    assert back.checkpoints["c3"].parent_id is back.checkpoints["c2"].checkpoint_id
+
+
 def test_save_records_are_lean_and_replay_to_the_same_checkpoints(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     engine = Engine(data_dir, fsync_interval=3600.0)

@@ -206,11 +206,26 @@ class SessionState:
         return raw
 
     def to_record(self) -> dict[str, Any]:
-        """`to_json` with lean checkpoints (Checkpoint.to_record): what `create` and
-        `snapshot` records store. `from_json` reads both."""
+        """`to_json` with lean checkpoints: what `create` and `snapshot` records store.
+
+        Each checkpoint is `Checkpoint.to_record`, except for its parent: one
+        whose parent is the checkpoint before it in the list (a line of saves)
+        leaves `parent_id` out, and one without a parent says `"parent_id": ""`
+        unless it is the first. `from_json` reads this and the full form.
+        """
         raw = self._fields()
         session_id = self.session_id
-        raw["checkpoints"] = [c.to_record(session_id) for c in self.checkpoints.values()]
+        checkpoints = []
+        previous = ""
+        for cp in self.checkpoints.values():
+            lean = cp.to_record(session_id)
+            if cp.parent_id != previous:
+                lean["parent_id"] = cp.parent_id
+            else:
+                lean.pop("parent_id", None)
+            checkpoints.append(lean)
+            previous = cp.checkpoint_id
+        raw["checkpoints"] = checkpoints
         return raw
 
     def _fields(self) -> dict[str, Any]:
@@ -223,9 +238,14 @@ class SessionState:
     def from_json(cls, raw: dict[str, Any]) -> SessionState:
         raw = dict(raw)
         session_id = raw["session_id"]
-        checkpoints = [
-            Checkpoint.from_json(c, session_id=session_id) for c in raw.pop("checkpoints")
-        ]
+        checkpoints = []
+        previous = ""  # see to_record: a missing parent_id is the previous checkpoint's ID
+        for c in raw.pop("checkpoints"):
+            if "parent_id" not in c:
+                c = {**c, "parent_id": previous}  # one string shared, not a copy
+            cp = Checkpoint.from_json(c, session_id=session_id)
+            checkpoints.append(cp)
+            previous = cp.checkpoint_id
         state = cls(**raw)
         state.status = SessionStatus(raw["status"])
         state.checkpoints = {c.checkpoint_id: c for c in checkpoints}
