@@ -6,11 +6,12 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import random
 import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -18,7 +19,7 @@ from stratad import native
 from stratad.domain.checkpoints import SaveInput
 from stratad.domain.engine import Engine
 from stratad.domain.models import Checkpoint, SessionState, SessionStatus
-from stratad.domain.sessions import COMPACT_FACTOR, COMPACT_MIN_BYTES
+from stratad.domain.sessions import COMPACT_FACTOR, COMPACT_MIN_BYTES, IDLE_COMPACT_MIN_BYTES
 from stratad.errors import DataLossError
 from stratad.store.journal import read_records
 
@@ -335,5 +336,47 @@ def test_journals_written_before_compression_replay_unchanged(tmp_path: Path) ->
         assert {sid: checkpoints_of(engine, sid) for sid in expected} == after
         data = engine.checkpoints.load_state(TENANT, "legacy", saved.checkpoint.checkpoint_id).data
         assert data == b"new" * 500
+    finally:
+        engine.close()
+
+
+# -- idle compaction ---------------------------------------------------------------------
+
+
+def test_an_idle_session_is_compacted_once_down_to_its_snapshot(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    engine = Engine(data_dir, fsync_interval=3600.0)  # ticks only when called below
+    engine.open()
+    try:
+        engine.sessions.create(TENANT, "s")
+        engine.sessions.create(TENANT, "tiny")
+        for i in range(12):  # ~24 KB of records: under the size threshold, over the idle one
+            state = random.Random(i).randbytes(2000)  # incompressible: stored as it is
+            engine.checkpoints.save_state(TENANT, "s", SaveInput(data=state))
+        engine.checkpoints.save_state(TENANT, "tiny", SaveInput(data=b"small"))
+        live = engine.sessions.live(TENANT, "s")
+        tail = live.journal.size
+        assert IDLE_COMPACT_MIN_BYTES <= tail < COMPACT_MIN_BYTES
+        before = checkpoints_of(engine, "s")
+        engine.sessions.compact_requested()  # written just now: not idle yet
+        assert live.journal.size == tail
+        # Replicated sessions are left alone (another daemon may own them by then).
+        engine.sessions.idle_compact_seconds = 0.0
+        engine.sessions.replicator = cast(Any, object())
+        engine.sessions.compact_requested()
+        engine.sessions.replicator = None
+        assert live.journal.size == tail
+        # Written again, then idle: compacted to its snapshot; a tiny tail is not.
+        engine.checkpoints.save_state(TENANT, "s", SaveInput(data=b"again"))
+        engine.sessions.compact_requested()
+        assert live.journal.size == live.snapshot_bytes < tail
+        tiny = engine.sessions.live(TENANT, "tiny")
+        assert tiny.snapshot_bytes == 0
+        assert read_records(journal_path(data_dir, "s")).records[0].kind == "snapshot"
+        size = live.journal.size
+        engine.sessions.compact_requested()  # once per idle spell
+        assert live.journal.size == size
+        after = checkpoints_of(engine, "s")
+        assert after[:-1] == before
     finally:
         engine.close()

@@ -17,7 +17,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,13 @@ MAX_LABEL_VALUE = 256
 #: their own thresholds.)
 COMPACT_MIN_BYTES = 128 << 10
 COMPACT_FACTOR = 2
+#: A session not written for IDLE_COMPACT_SECONDS whose journal holds at least
+#: IDLE_COMPACT_MIN_BYTES after its snapshot is compacted once, so a session
+#: at rest keeps its snapshot and no tail of inline object copies (up to as
+#: large again as the snapshot under the thresholds above). Not for sessions
+#: replicated to object storage: by then another daemon may own the session.
+IDLE_COMPACT_SECONDS = 60.0
+IDLE_COMPACT_MIN_BYTES = 16 << 10
 
 
 @dataclass
@@ -95,6 +102,8 @@ class LiveSession:
     #: daemon): with `state.updated_at`, what the idle-session TTL measures
     #: (see domain/lifecycle.py). In memory only: a restart starts it afresh.
     accessed_at: float = field(default_factory=time.time)
+    #: time.monotonic() of the last record appended (idle compaction).
+    appended_at: float = field(default_factory=time.monotonic)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -183,12 +192,15 @@ class SessionManager:
         self.quotas = quotas or Quotas()
         self.compact_min_bytes = compact_min_bytes
         self.compact_factor = compact_factor
+        self.idle_compact_seconds = IDLE_COMPACT_SECONDS
         self._lock = threading.Lock()
         self._sessions: dict[tuple[str, str], LiveSession] = {}
         #: tenant -> checkpoint_id -> session_id (checkpoint IDs are tenant-unique).
         self._checkpoints: dict[str, dict[str, str]] = collections.defaultdict(dict)
         #: Sessions whose journal outgrew its compaction threshold.
         self._to_compact: dict[tuple[str, str], LiveSession] = {}
+        #: Sessions written since they were last looked at for idle compaction.
+        self._written: dict[tuple[str, str], LiveSession] = {}
         store.on_tick(self.compact_requested)
         #: Set by the engine when sessions replicate to object storage.
         self.replicator: Replicator | None = None
@@ -577,8 +589,11 @@ class SessionManager:
                 live.structured_dirty = True  # conservative: only plain saves leave it
             self._reindex(live, mutation.record)
             live.history.append(mutation.event)
-            if self._outgrown(live):
-                with self._lock:
+            live.appended_at = time.monotonic()
+            outgrown = self._outgrown(live)
+            with self._lock:
+                self._written[live.key] = live
+                if outgrown:
                     self._to_compact[live.key] = live
         pending = PendingCommit(journal, offset, live.key, mutation.event)
         if commit is None:
@@ -650,16 +665,35 @@ class SessionManager:
         return live.journal.size > threshold
 
     def compact_requested(self) -> None:
-        """Background hook: compact the journals that outgrew their threshold."""
+        """Background hook: compact the journals that outgrew their threshold, and
+        those of sessions gone idle with a tail worth dropping (IDLE_COMPACT_SECONDS)."""
         with self._lock:
-            todo, self._to_compact = list(self._to_compact.values()), {}
-        for live in todo:
+            todo, self._to_compact = self._to_compact, {}
+            for live in self._idle_sessions():
+                todo.setdefault(live.key, live)
+        for live in todo.values():
             # The bulk of the object fsyncs happen here, without the lock, so
             # writers of the session are held up only by the final pass.
             self.store.persist_objects(live.tenant)
             with live.lock:
                 if not live.deleted and not live.damaged:
                     self._compact(live)
+
+    def _idle_sessions(self) -> Sequence[LiveSession]:
+        """Written sessions idle long enough whose journal tail is worth a compaction
+        (under the manager's lock). Each is looked at once per idle spell."""
+        if self.replicator is not None:
+            self._written.clear()
+            return []
+        deadline = time.monotonic() - self.idle_compact_seconds
+        idle = [live for live in self._written.values() if live.appended_at <= deadline]
+        for live in idle:
+            del self._written[live.key]
+        return [
+            live
+            for live in idle
+            if live.journal.size - live.snapshot_bytes >= IDLE_COMPACT_MIN_BYTES
+        ]
 
     def _compact(self, live: LiveSession) -> None:
         """Replace the journal by one snapshot record (objects fsynced first)."""
