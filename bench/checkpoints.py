@@ -491,10 +491,13 @@ Where the bytes on disk go, and what would close the gap to the floor:
   (~0.2 KB). Compressing the new tail chunk against the one it replaces (zstd
   with the previous version as dictionary) would cost each step about its new
   bytes (~0.2 KB).
-- ~1.6 MB are the session's journal: one JSON checkpoint record (~0.8 KB:
-  IDs, two hex digests, metadata) per step. A compact binary record, or a
-  zstd-compressed snapshot, would bring it to ~0.2 KB per checkpoint.
-- With both, 2,000 steps would take ~1 MB, ~5x the floor; neither is built yet.
+- The session's journal was ~1.6 MB (one full JSON checkpoint, ~0.8 KB, per
+  step, and compaction only past 4 MiB). With lean, zstd-compressed records
+  and snapshots (~92 B per checkpoint, 64 of them the two digests) and
+  compaction past 128 KiB and twice the snapshot, it is 0.18-0.31 MB at
+  2,000 steps (`python bench/journal_bytes.py`; docs/storage.md).
+- With the objects compressed as above too, 2,000 steps would take ~1 MB,
+  ~5x the floor.
 """
 
 

@@ -295,7 +295,7 @@ run one after the other in the same run, object storage is SeaweedFS on loopback
   the new objects too, so `sync` uploads them twice; folding packs into the
   segments would halve its PUTs (not done yet).
 - The p99 of `sync` is the rebase at a local compaction: the whole journal
-  (up to 4 MiB) is uploaded inside that save.
+  (at most twice its last snapshot, or 128 KiB) is uploaded inside that save.
 """
     write_section(HEADING, section)
 

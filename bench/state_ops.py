@@ -455,8 +455,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "",
         markdown_table(["call", "samples", "p50", "p99", "note"], rows_b), "",
         "### (c) Disk use with journal compaction", "",
-        "A session journal is rewritten as one snapshot record when it outgrows 4 MiB and",
-        "four times its last snapshot, so disk use stays within a small multiple of the",
+        "A session journal is rewritten as one snapshot record when it outgrows 128 KiB and",
+        "twice its last snapshot, so disk use stays within a small multiple of the",
         "live state instead of growing with every update.", "",
         disk_table(disk), "",
     ])  # fmt: skip

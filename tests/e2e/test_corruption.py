@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+import zstandard
 
 import stratad
 from stratad import native
@@ -50,10 +51,11 @@ DEFAULT_TENANT = "default"
 FRAME_HEADER_BYTES = 52
 #: A journal larger than this is compacted after the save that grows it past
 #: it (docs/storage.md), dropping the inline copies of the objects.
-COMPACTION_THRESHOLD = 4 << 20
+COMPACTION_THRESHOLD = 128 << 10
 COMPACTION_TIMEOUT = 60.0
 
 _RECORD_HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # a compressed record body starts with it
 _U32 = struct.Struct("<I")
 
 
@@ -175,10 +177,17 @@ def read_journal(path: Path) -> list[JournalRecord]:
             break
         payload = open_payload(path, payload)
         (body_length,) = _U32.unpack_from(payload)
-        body = json.loads(payload[_U32.size : _U32.size + body_length])
+        body = json.loads(record_body(payload[_U32.size : _U32.size + body_length]))
         records.append(JournalRecord(pos, end, str(body["k"])))
         pos = end
     return records
+
+
+def record_body(stored: bytes) -> bytes:
+    """A record body's JSON: stored as is, or as one zstd frame (docs/storage.md)."""
+    if stored[:4] == ZSTD_MAGIC:
+        return zstandard.ZstdDecompressor().decompress(stored)
+    return stored
 
 
 def encode_record(body: dict[str, Any], blobs: tuple[bytes, ...] = ()) -> bytes:
@@ -238,8 +247,12 @@ def assert_data_loss(client: stratad.Client, saved: Saved) -> None:
 
 
 def session_states(rng: random.Random, session_id: str) -> list[bytes]:
-    """A small state (one chunk) and a multi-chunk one, random so stored raw."""
-    small, multi = rng.randbytes(1500), rng.randbytes(200_000)
+    """A small state (one chunk) and a multi-chunk one, random so stored raw.
+
+    Together below COMPACTION_THRESHOLD: the journal keeps carrying them.
+    """
+    small, multi = rng.randbytes(1500), rng.randbytes(80_000)
+    assert len(small) + len(multi) < COMPACTION_THRESHOLD * 3 // 4
     assert len(chunk_digests(small)) == 1 and len(chunk_digests(multi)) > 5
     return [small, multi]
 

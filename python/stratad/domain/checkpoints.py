@@ -340,7 +340,7 @@ class Checkpoints:
             stored_bytes=sum(len(frame) for _, frame in inline),
             structured=structured,
         )
-        mutation = save_mutation(checkpoint, version, at, inline, dropped)
+        mutation = save_mutation(live, checkpoint, version, at, inline, dropped)
         mutation.on_abort = functools.partial(abandon_objects, live, inline)
         return mutation
 
@@ -475,7 +475,7 @@ class Checkpoints:
             except BaseException:
                 abandon_objects(live, inline)
                 raise
-            mutation = save_mutation(cp, version, at, inline, [])
+            mutation = save_mutation(live, cp, version, at, inline, [])
             mutation.on_abort = functools.partial(abandon_objects, live, inline)
             return mutation
 
@@ -546,7 +546,7 @@ class Checkpoints:
                 metadata={**src.metadata},
             )
             touch_for_gc(live, cp)
-            mutation = save_mutation(cp, version, at, [], [], forked_from=checkpoint_id)
+            mutation = save_mutation(live, cp, version, at, [], [], forked_from=checkpoint_id)
             mutation.record.body["structured"] = structured
             return mutation
 
@@ -651,6 +651,7 @@ def retention_drops(live: LiveSession, now: float, *, keep: str) -> list[str]:
 
 
 def save_mutation(
+    live: LiveSession,
     cp: Checkpoint,
     version: int,
     at: float,
@@ -661,16 +662,26 @@ def save_mutation(
     body: dict[str, Any] = {
         "v": version,
         "at": at,
-        "checkpoint": cp.to_json(),
-        "objects": [d for d, _ in inline],
-        "dropped": dropped,
+        "checkpoint": cp.to_record(live.state.session_id, version, at),
     }
+    if not all(_frame_names(frame, digest) for digest, frame in inline):
+        body["objects"] = [d for d, _ in inline]  # else read from the frames (inline_digests)
+    if dropped:
+        body["dropped"] = dropped
     if detail:
         body["detail"] = detail
     event = SessionEvent(version, "save", at, checkpoint_id=cp.checkpoint_id, detail=detail)
     return Mutation(Record("save", body, [f for _, f in inline]), event, SaveResult(
         cp, version, cp.stored_bytes
     ))  # fmt: skip
+
+
+def _frame_names(frame: bytes, digest: str) -> bool:
+    """Does the frame's header name `digest` (so a record need not list it)?"""
+    try:
+        return native.frame_digest_hex(frame) == digest
+    except CorruptObjectError:
+        return False
 
 
 def capture_structured(live: LiveSession) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:

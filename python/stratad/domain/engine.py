@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 from pathlib import Path
+from typing import Any
 
 from stratad.domain.admin import Admin
 from stratad.domain.agent import Agents
@@ -37,7 +38,7 @@ class Engine:
         durability: str = "fsync",
         fsync_interval: float = 0.1,
         max_state_bytes: int = 64 << 20,
-        compact_min_bytes: int = 4 << 20,
+        compact_min_bytes: int | None = None,
         quotas: Quotas | None = None,
         keyring: Keyring | None = None,
     ) -> None:
@@ -49,9 +50,13 @@ class Engine:
             keyring=keyring,
         )
         self.events = EventHub()
-        self.sessions = SessionManager(
-            self.store, self.events, compact_min_bytes=compact_min_bytes, quotas=quotas
+        # Compaction thresholds: each journal kind has its own default (session
+        # journals compact far earlier than the per-tenant profile and crystal
+        # journals); a value given here applies to all three (tests).
+        compact: dict[str, Any] = (
+            {} if compact_min_bytes is None else {"compact_min_bytes": compact_min_bytes}
         )
+        self.sessions = SessionManager(self.store, self.events, quotas=quotas, **compact)
         self.checkpoints = Checkpoints(self.sessions, max_state_bytes=max_state_bytes)
         self.admin = Admin(self.sessions)
         # Pending writes, CopySession, PruneCheckpoints, DeleteCheckpoints (and
@@ -62,8 +67,8 @@ class Engine:
         self.cognitive = Cognitive(self.sessions)
         self.tasks = Tasks(self.sessions)
         self.agents = Agents(self.sessions)
-        self.profiles = Profiles(self.store, compact_min_bytes=compact_min_bytes)
-        self.crystals = CrystalLibraries(self.store, compact_min_bytes=compact_min_bytes)
+        self.profiles = Profiles(self.store, **compact)
+        self.crystals = CrystalLibraries(self.store, **compact)
         self.committer = GroupCommitter()
         self.replicator: Replicator | None = None
         self.library_replicator: LibraryReplicator | None = None

@@ -17,18 +17,19 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stratad import tracing
+from stratad import native, tracing
 from stratad.domain.events import EventHub, SessionEvent
 from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import SessionState, SessionStatus, apply
 from stratad.domain.quotas import Quotas
 from stratad.errors import (
     AlreadyExistsError,
+    CorruptObjectError,
     DataLossError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -57,6 +58,25 @@ EVENT_HISTORY = 4096
 MAX_LABELS = 64
 MAX_LABEL_KEY = 128
 MAX_LABEL_VALUE = 256
+#: A session's journal is compacted (rewritten as one snapshot record, which
+#: drops the inline copies of objects the packs hold by then) once it is
+#: larger than both COMPACT_MIN_BYTES and COMPACT_FACTOR times its last
+#: snapshot. The factor keeps the work proportional: a compaction rewrites the
+#: snapshot, and at least as many bytes were appended since the last one. The
+#: minimum spares small sessions the fsyncs of a compaction after every few
+#: saves: the 500-step reference conversation (saves of ~2 KB, most of it
+#: inline objects) compacts about every 60 saves, each a snapshot of at most
+#: ~50 KB. (Profiles and crystal libraries, one journal per tenant, keep
+#: their own thresholds.)
+COMPACT_MIN_BYTES = 128 << 10
+COMPACT_FACTOR = 2
+#: A session not written for IDLE_COMPACT_SECONDS whose journal holds at least
+#: IDLE_COMPACT_MIN_BYTES after its snapshot is compacted once, so a session
+#: at rest keeps its snapshot and no tail of inline object copies (up to as
+#: large again as the snapshot under the thresholds above). Not for sessions
+#: replicated to object storage: by then another daemon may own the session.
+IDLE_COMPACT_SECONDS = 60.0
+IDLE_COMPACT_MIN_BYTES = 16 << 10
 
 
 @dataclass
@@ -82,6 +102,8 @@ class LiveSession:
     #: daemon): with `state.updated_at`, what the idle-session TTL measures
     #: (see domain/lifecycle.py). In memory only: a restart starts it afresh.
     accessed_at: float = field(default_factory=time.time)
+    #: time.monotonic() of the last record appended (idle compaction).
+    appended_at: float = field(default_factory=time.monotonic)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -161,19 +183,24 @@ class SessionManager:
         store: Store,
         hub: EventHub | None = None,
         *,
-        compact_min_bytes: int = 4 << 20,
+        compact_min_bytes: int = COMPACT_MIN_BYTES,
+        compact_factor: int = COMPACT_FACTOR,
         quotas: Quotas | None = None,
     ) -> None:
         self.store = store
         self.hub = hub or EventHub()
         self.quotas = quotas or Quotas()
         self.compact_min_bytes = compact_min_bytes
+        self.compact_factor = compact_factor
+        self.idle_compact_seconds = IDLE_COMPACT_SECONDS
         self._lock = threading.Lock()
         self._sessions: dict[tuple[str, str], LiveSession] = {}
         #: tenant -> checkpoint_id -> session_id (checkpoint IDs are tenant-unique).
         self._checkpoints: dict[str, dict[str, str]] = collections.defaultdict(dict)
         #: Sessions whose journal outgrew its compaction threshold.
         self._to_compact: dict[tuple[str, str], LiveSession] = {}
+        #: Sessions written since they were last looked at for idle compaction.
+        self._written: dict[tuple[str, str], LiveSession] = {}
         store.on_tick(self.compact_requested)
         #: Set by the engine when sessions replicate to object storage.
         self.replicator: Replicator | None = None
@@ -234,6 +261,8 @@ class SessionManager:
         report["objects_restored"] += restored
         journal = self.store.open_journal(jpath, tenant.journal_bytes)
         live = LiveSession(tenant, path, journal, state)
+        if replay.records[0].kind == "snapshot":  # compaction's threshold counts from it
+            live.snapshot_bytes = replay.first_end
         live.history.extend(history)
         if replay.corrupt_at is not None:
             live.damaged = (
@@ -258,7 +287,7 @@ class SessionManager:
                 raise DataLossError(f"journal of {owner} does not start with its creation")
             else:
                 apply(state, record.kind, record.body)
-            for digest, frame in zip(record.body.get("objects", ()), record.blobs, strict=True):
+            for digest, frame in zip(inline_digests(record), record.blobs, strict=True):
                 restored += tenant.objects.restore(digest, frame, owner)
             if record.kind != "snapshot":
                 history.append(event_of(record))
@@ -425,7 +454,7 @@ class SessionManager:
             self._sessions[live.key] = live  # reserve the ID while we write
         try:
             with live.lock:
-                create = Record("create", {"v": 1, "at": now, "state": state.to_json()})
+                create = Record("create", {"v": 1, "at": now, "state": state.to_record()})
                 offset = journal.append(create)
                 # The new directory's entry and the journal's entry in it.
                 self.store.fsync_dir(path.parent)
@@ -560,8 +589,11 @@ class SessionManager:
                 live.structured_dirty = True  # conservative: only plain saves leave it
             self._reindex(live, mutation.record)
             live.history.append(mutation.event)
-            if journal.size > max(self.compact_min_bytes, 4 * live.snapshot_bytes):
-                with self._lock:
+            live.appended_at = time.monotonic()
+            outgrown = self._outgrown(live)
+            with self._lock:
+                self._written[live.key] = live
+                if outgrown:
                     self._to_compact[live.key] = live
         pending = PendingCommit(journal, offset, live.key, mutation.event)
         if commit is None:
@@ -627,11 +659,19 @@ class SessionManager:
             for new in added:
                 index[new] = live.state.session_id
 
+    def _outgrown(self, live: LiveSession) -> bool:
+        """Is the session's journal past its compaction threshold (see COMPACT_MIN_BYTES)?"""
+        threshold = max(self.compact_min_bytes, self.compact_factor * live.snapshot_bytes)
+        return live.journal.size > threshold
+
     def compact_requested(self) -> None:
-        """Background hook: compact the journals that outgrew their threshold."""
+        """Background hook: compact the journals that outgrew their threshold, and
+        those of sessions gone idle with a tail worth dropping (IDLE_COMPACT_SECONDS)."""
         with self._lock:
-            todo, self._to_compact = list(self._to_compact.values()), {}
-        for live in todo:
+            todo, self._to_compact = self._to_compact, {}
+            for live in self._idle_sessions():
+                todo.setdefault(live.key, live)
+        for live in todo.values():
             # The bulk of the object fsyncs happen here, without the lock, so
             # writers of the session are held up only by the final pass.
             self.store.persist_objects(live.tenant)
@@ -639,13 +679,30 @@ class SessionManager:
                 if not live.deleted and not live.damaged:
                     self._compact(live)
 
+    def _idle_sessions(self) -> Sequence[LiveSession]:
+        """Written sessions idle long enough whose journal tail is worth a compaction
+        (under the manager's lock). Each is looked at once per idle spell."""
+        if self.replicator is not None:
+            self._written.clear()
+            return []
+        deadline = time.monotonic() - self.idle_compact_seconds
+        idle = [live for live in self._written.values() if live.appended_at <= deadline]
+        for live in idle:
+            del self._written[live.key]
+        return [
+            live
+            for live in idle
+            if live.journal.size - live.snapshot_bytes >= IDLE_COMPACT_MIN_BYTES
+        ]
+
     def _compact(self, live: LiveSession) -> None:
         """Replace the journal by one snapshot record (objects fsynced first)."""
         self.store.persist_objects(live.tenant)
         old = live.journal
         old.sync_now()
         snapshot = Record(
-            "snapshot", {"v": live.state.version, "at": time.time(), "state": live.state.to_json()}
+            "snapshot",
+            {"v": live.state.version, "at": time.time(), "state": live.state.to_record()},
         )
         jpath = live.path / JOURNAL
         self.store.rewrite_journal(jpath, [snapshot])
@@ -708,6 +765,22 @@ def require_status(live: LiveSession, *allowed: SessionStatus) -> None:
         raise FailedPreconditionError(
             f"session {live.state.session_id!r} is {live.state.status.value}"
         )
+
+
+def inline_digests(record: Record) -> list[str]:
+    """The digests of the objects a record carries inline (its blobs), in order.
+
+    A record lists them in `objects`, or (save records since journals went
+    lean) leaves the list out when each is the digest its frame's header
+    names; an undecodable header then is damage the CRC missed.
+    """
+    listed = record.body.get("objects")
+    if listed is not None:
+        return list(listed)
+    try:
+        return [native.frame_digest_hex(frame) for frame in record.blobs]
+    except CorruptObjectError as exc:
+        raise DataLossError(f"an object a journal record carries is damaged: {exc}") from None
 
 
 def event_of(record: Record) -> SessionEvent:

@@ -311,7 +311,7 @@ class CheckpointExtras:
                     writes=[dict(w) for w in cp.writes],
                 )
                 touch_for_gc(live, c)
-                copies.append(c.to_json())
+                copies.append(c.to_record(live.state.session_id))
             last = version + max(len(checkpoints) - 1, 0)
             body = {
                 "v": last,
@@ -490,7 +490,7 @@ def _apply_put_writes(state: SessionState, body: dict[str, Any]) -> None:
 @reducer("copy")
 def _apply_copy(state: SessionState, body: dict[str, Any]) -> None:
     for raw in body["checkpoints"]:
-        cp = Checkpoint.from_json(raw)
+        cp = Checkpoint.from_json(raw, session_id=state.session_id)
         state.checkpoints[cp.checkpoint_id] = cp
     state.head = body.get("head", "")
     state.structured = copy.deepcopy(body.get("structured", {}))

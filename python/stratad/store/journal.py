@@ -12,8 +12,15 @@ Record layout on disk::
     u32 LE  CRC-32 of the payload
     payload:
         u32 LE  body length
-        body    UTF-8 JSON object (the record's fields; "k" is its kind)
+        body    UTF-8 JSON object (the record's fields; "k" is its kind), or
+                that JSON as one zstd frame (it starts with the zstd magic
+                28 B5 2F FD, which no JSON text does)
         blobs   repeated: u32 LE length, bytes  (e.g. framed objects carried inline)
+
+A body of at least `COMPRESS_MIN_BYTES` is written compressed when that makes
+it smaller (snapshots above all: a session's checkpoint list shrinks about
+fivefold). Journals written before compression hold plain JSON bodies only;
+they replay unchanged, and records of both kinds may follow each other.
 
 With encryption at rest (store/crypto.py), the payload is sealed: b"STRJ",
 a 96-bit nonce, then the AES-256-GCM ciphertext of the plaintext payload and
@@ -42,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stratad import tracing
+from stratad import native, tracing
 from stratad.errors import DataLossError, ResourceExhaustedError, StratadError
 from stratad.store.crypto import RECORD_MAGIC, RecordCipher, SealError
 from stratad.store.failstop import FailStop
@@ -53,6 +60,19 @@ _U32 = struct.Struct("<I")
 #: A record larger than this is corruption, not data (the daemon's own
 #: message-size limit is far below it).
 MAX_RECORD_BYTES = 1 << 30
+#: The first bytes of every zstd frame: a body starting with them is compressed.
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: Bodies shorter than this stay plain JSON: zstd's frame header and the
+#: compressor's start-up would eat what it saves on them.
+COMPRESS_MIN_BYTES = 256
+#: The largest body written compressed, and the cap on what a compressed body
+#: may decompress to: a larger claim is corruption, never allocated. (Larger
+#: bodies are written plain: MAX_RECORD_BYTES bounds them.)
+MAX_COMPRESSED_BODY_BYTES = 256 << 20
+#: zstd level of record bodies. Level 1 beats 3 on them (not only in speed):
+#: they are mostly hex digests and IDs, where level 3's longer searches find
+#: nothing more (a 2,000-checkpoint snapshot: 192 KB at level 1, 216 KB at 3).
+COMPRESS_LEVEL = 1
 #: Called as ``observer(journal_path, seconds)`` after every journal fsync
 #: (the daemon's metrics register one).
 FSYNC_OBSERVERS: list[Callable[[Path, float], None]] = []
@@ -77,7 +97,7 @@ class Record:
         `Journal.append` writes these: a subclass that overrides `encode`
         overrides this too. With a `cipher`, the payload is one sealed piece.
         """
-        body = json.dumps({"k": self.kind, **self.body}, separators=(",", ":")).encode()
+        body = encode_body({"k": self.kind, **self.body})
         parts = [_U32.pack(len(body)), body]
         for blob in self.blobs:
             parts.append(_U32.pack(len(blob)))
@@ -94,7 +114,9 @@ class Record:
     def decode_payload(cls, payload: bytes) -> Record:
         (body_len,) = _U32.unpack_from(payload, 0)
         pos = 4 + body_len
-        body = json.loads(payload[4:pos])
+        if pos > len(payload):
+            raise ValueError("the body length overruns the payload")
+        body = decode_body(payload[4:pos])
         blobs = []
         while pos < len(payload):
             (n,) = _U32.unpack_from(payload, pos)
@@ -105,6 +127,33 @@ class Record:
             raise ValueError("blob lengths overrun the payload")
         kind = body.pop("k")
         return cls(kind=kind, body=body, blobs=blobs)
+
+
+def encode_body(fields: dict[str, Any]) -> bytes:
+    """A record's body as stored: its JSON, compressed when that pays (see the module doc)."""
+    text = json.dumps(fields, separators=(",", ":")).encode()
+    if COMPRESS_MIN_BYTES <= len(text) <= MAX_COMPRESSED_BODY_BYTES:
+        packed = native.compress(text, COMPRESS_LEVEL)
+        if len(packed) < len(text):
+            return packed
+    return text
+
+
+def decode_body(data: bytes) -> dict[str, Any]:
+    """The fields of a stored body, plain JSON (every version) or compressed.
+
+    Raises ValueError when it does not decode: bad JSON, a bad zstd frame, or
+    one that claims more than MAX_COMPRESSED_BODY_BYTES.
+    """
+    if data[:4] == ZSTD_MAGIC:
+        try:
+            data = native.decompress(data, MAX_COMPRESSED_BODY_BYTES)
+        except StratadError as exc:  # CorruptObjectError, DecompressionLimitError
+            raise ValueError(f"a compressed record body does not decompress: {exc}") from None
+    fields = json.loads(data)
+    if not isinstance(fields, dict):
+        raise ValueError("a record body is not a JSON object")
+    return fields
 
 
 def seal_record(data: bytes, cipher: RecordCipher | None) -> bytes:
@@ -148,6 +197,8 @@ class ReplayResult:
     valid_bytes: int
     torn_bytes: int
     corrupt_at: int | None = None
+    #: Where the first record ends (its size on disk); 0 without records.
+    first_end: int = 0
 
 
 def read_records(path: Path, cipher: RecordCipher | None = None) -> ReplayResult:
@@ -165,20 +216,21 @@ def read_records(path: Path, cipher: RecordCipher | None = None) -> ReplayResult
 def parse_records(data: bytes, cipher: RecordCipher | None = None) -> ReplayResult:
     """`read_records` of journal bytes held in memory (e.g. a replicated segment)."""
     records: list[Record] = []
-    pos = 0
+    pos = first_end = 0
     while pos < len(data):
         try:
             found = _read_record(data, pos, cipher)
         except RecordSealError:
-            return ReplayResult(records, pos, 0, corrupt_at=pos)
+            return ReplayResult(records, pos, 0, corrupt_at=pos, first_end=first_end)
         if found is None:
             break
         record, pos = found
         records.append(record)
+        first_end = first_end or pos
     rest = len(data) - pos
     if rest and not _is_torn_tail(data, pos, cipher):
-        return ReplayResult(records, pos, 0, corrupt_at=pos)
-    return ReplayResult(records, pos, rest)
+        return ReplayResult(records, pos, 0, corrupt_at=pos, first_end=first_end)
+    return ReplayResult(records, pos, rest, first_end=first_end)
 
 
 def _read_record(
@@ -214,9 +266,10 @@ def _read_record(
         return None
 
 
-#: Every record's JSON body starts with its kind; a record starts this many
-#: bytes before that text (header + body length). Used to find record starts.
-_BODY_START = b'{"k":"'
+#: Every record's body starts with one of these: its JSON starts with its
+#: kind, a compressed one with the zstd magic. A record starts this many bytes
+#: before them (header + body length). Used to find record starts.
+_BODY_STARTS = (b'{"k":"', ZSTD_MAGIC)
 _BODY_OFFSET = _HEADER.size + _U32.size
 
 
@@ -232,19 +285,30 @@ def _is_torn_tail(data: bytes, pos: int, cipher: RecordCipher | None = None) -> 
     blocks a power loss left unwritten; what follows them was never fsynced,
     so never acknowledged in `fsync` mode, and is cut with them.
 
-    Candidate record starts are found with bytes.find (C speed) on the text
-    every record body starts with (the seal's magic in encrypted journals), so
-    the cost grows with the tail's length, not with its square.
+    Candidate record starts are found with bytes.find (C speed) on what every
+    record body starts with (the seal's magic in encrypted journals), so the
+    cost grows with the tail's length, not with its square.
     """
-    marker, offset = (RECORD_MAGIC, _HEADER.size) if cipher else (_BODY_START, _BODY_OFFSET)
-    search = pos + 1 + offset
-    while (hit := data.find(marker, search)) >= 0:
-        start = hit - offset
-        search = hit + 1
+    markers, offset = ((RECORD_MAGIC,), _HEADER.size) if cipher else (_BODY_STARTS, _BODY_OFFSET)
+    for start in _candidate_starts(data, pos + 1 + offset, markers, offset):
         end = _valid_run_end(data, start, cipher)
         if end is not None and (end == len(data) or _is_torn_tail(data, end, cipher)):
             return not any(data[pos:start])
     return True
+
+
+def _candidate_starts(
+    data: bytes, search: int, markers: tuple[bytes, ...], offset: int
+) -> Iterator[int]:
+    """Where records may start, in order: `offset` bytes before each marker at or after `search`."""
+    hits = {marker: data.find(marker, search) for marker in markers}
+    while True:
+        live = [(hit, marker) for marker, hit in hits.items() if hit >= 0]
+        if not live:
+            return
+        hit, marker = min(live)
+        yield hit - offset
+        hits[marker] = data.find(marker, hit + 1)
 
 
 def _valid_run_end(data: bytes, start: int, cipher: RecordCipher | None) -> int | None:
