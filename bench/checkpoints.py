@@ -481,23 +481,22 @@ EXPLANATION = """Why checkpoints/s at 500 steps is below SqliteSaver's, and what
   saves that have arrived into one group commit (one fsync per session per
   batch) and measured 2.2-4x unary across runs, around its 3x target.
 
-Where the bytes on disk go, and what would close the gap to the floor:
+Where the bytes on disk go (the floor table splits them into objects and journals):
 
 - Objects are appended to pack files (docs/storage.md), so a save creates no
-  file and the allocated size is the stored size: at 2,000 steps 18.5 MB
-  allocated with one file per object became ~5.6 MB.
-- Of those, ~3.7 MB are objects: each step rewrites the conversation's tail
-  chunk (~1.5 KB compressed, as a whole new chunk) and adds a delta manifest
-  (~0.2 KB). Compressing the new tail chunk against the one it replaces (zstd
-  with the previous version as dictionary) would cost each step about its new
-  bytes (~0.2 KB).
+  file and the allocated size is the stored size: at 2,000 steps, 18.5 MB
+  allocated with one file per object became 5.6 MB with packs.
+- Each step rewrites the conversation's tail chunk. Stored whole, that chunk
+  cost ~1.6 KB compressed per step (3.7 MB of objects at 2,000 steps); it is
+  now a delta frame on the chunk it replaces (docs/storage.md, "Delta
+  frames"), ~0.35 KB, plus the step's delta manifest (~0.14 KB) and two
+  44-byte pack entry headers: ~1.3 MB of objects at 2,000 steps.
 - The session's journal was ~1.6 MB (one full JSON checkpoint, ~0.8 KB, per
   step, and compaction only past 4 MiB). With lean, zstd-compressed records
   and snapshots (~92 B per checkpoint, 64 of them the two digests) and
   compaction past 128 KiB and twice the snapshot, it is 0.18-0.31 MB at
-  2,000 steps (`python bench/journal_bytes.py`; docs/storage.md).
-- With the objects compressed as above too, 2,000 steps would take ~1 MB,
-  ~5x the floor.
+  2,000 steps (`python bench/journal_bytes.py`; docs/storage.md). Where the
+  last compaction falls decides where in that range a run ends.
 """
 
 
