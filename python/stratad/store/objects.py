@@ -703,7 +703,7 @@ class ObjectStore:
     def delta_base(self, digest: str) -> tuple[str, int] | None:
         """(base digest, depth) if the object is stored as a delta frame, else None.
 
-        Reads only the frame's start when it can (a plain entry in a pack):
+        Reads only the frame's start when it can (an unencrypted entry in a pack):
         GC asks this of every live object.
         """
         with self._lock:
