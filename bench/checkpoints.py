@@ -471,15 +471,20 @@ EXPLANATION = """Why checkpoints/s at 500 steps is below SqliteSaver's, and what
   carries them; the background syncer appends them to a pack file and
   fdatasyncs it), saves journaled on the event loop with group commit, and a
   0.5 ms GIL switch interval (a fsync'd save fell from 3.6 ms to 1.3 ms).
-- Plan: the remaining per-call cost is Python gRPC and the interceptor chain.
-  Moving the interceptors' work into one (metrics + logging + errors) and
-  serving the hot RPCs from a native gRPC server (tonic, in the Rust core)
-  would take the transport to the echo floor or below; for agents that can
-  pipeline, SaveStates already runs 2-4x unary.
-- The unary-vs-echo target (0.6x) misses for the same reason: each save costs
-  the event loop about three times an echo call's CPU. Streaming batches the
-  saves that have arrived into one group commit (one fsync per session per
-  batch) and measured 2.2-4x unary across runs, around its 3x target.
+- What is not the limit (measured with (b)'s unary load, 2026-11-25): the
+  interceptor chain (a daemon with only the error interceptor did 1,210/s
+  against 1,305/s with all four, within noise) and the fsync (durability
+  `none` did 1,473/s against 1,257/s with `fsync`). What is: the daemon's CPU
+  per save, about three times an echo call's, spent in the servicer and the
+  domain save (request conversion, chunk checks, journal record encoding,
+  group commit hand-off) and the background compaction, all under one GIL.
+- Plan: move the whole save (chunk, hash, frame, record encoding) into one
+  native call, then measure serving the hot RPCs from a native gRPC server
+  (tonic in the Rust core, same protos) against a second Python process per
+  core sharing the store, and write the comparison here before choosing. For
+  agents that can pipeline, SaveStates already runs 3-4x unary: streaming
+  batches the saves that have arrived into one group commit (one fsync per
+  session per batch).
 
 Where the bytes on disk go (the floor table splits them into objects and journals):
 
