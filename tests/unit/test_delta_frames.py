@@ -19,6 +19,7 @@ from stratad import native
 from stratad.domain.checkpoints import SaveInput
 from stratad.domain.engine import Engine
 from stratad.errors import DataLossError
+from stratad.store.crypto import Keyring, new_master_key_text, parse_master_key
 from stratad.store.journal import read_records
 from stratad.store.objects import NO_SIZE_LIMIT, ObjectStore
 
@@ -196,3 +197,29 @@ def test_copies_for_other_journals_and_replication_stand_alone(data_dir: Path) -
         engine.close()
     assert carried
     assert all(native.frame_delta_base(frame) is None for frame in carried)
+
+
+def test_delta_frames_under_encryption_at_rest(data_dir: Path) -> None:
+    """Sealed pack entries hold delta frames like plain ones: reads, GC and Verify."""
+    key = parse_master_key(new_master_key_text().encode(), "test key")
+    engine = Engine(data_dir, keyring=Keyring(key), fsync_interval=3600.0)
+    engine.open()
+    try:
+        engine.sessions.create(TENANT, "chat", keep_last=5)
+        kept: dict[str, bytes] = {}
+        for state in conversation(80):
+            kept[save(engine, "chat", state)] = state
+            kept = dict(list(kept.items())[-5:])
+        assert any(delta_depths(objects_of(engine)).values())
+        engine.admin.collect_garbage(TENANT)
+        engine.sessions.compact(TENANT, "chat")  # only the sealed packs hold the objects
+    finally:
+        engine.close()
+    engine = Engine(data_dir, keyring=Keyring(key), fsync_interval=3600.0)
+    engine.open()
+    try:
+        for checkpoint_id, state in kept.items():
+            assert load(engine, "chat", checkpoint_id) == state
+        assert engine.admin.verify(TENANT).ok
+    finally:
+        engine.close()
