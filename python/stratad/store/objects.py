@@ -649,12 +649,16 @@ class ObjectStore:
         not a fresh check of the disk (a delta base, the digest check of an
         upload); reads for clients use `get`.
         """
+        return self.content_and_depth(digest, max_size)[0]
+
+    def content_and_depth(self, digest: str, max_size: int) -> tuple[bytes, int]:
+        """`content`, and the object's delta depth (0: a plain frame)."""
         cached = self.recent(digest)
         if cached is not None and len(cached[0]) <= max_size:
-            return cached[0]
+            return cached
         content, depth = self._get(digest, max_size, native.MAX_DELTA_DEPTH)
         self.remember(digest, content, depth)
-        return content
+        return content, depth
 
     def _get(self, digest: str, max_size: int, chain_left: int) -> tuple[bytes, int]:
         """(content, delta depth) of an object, read from disk and verified."""

@@ -133,13 +133,15 @@ class TenantStore:
                 continue
             old = replaced[index] if index < len(replaced) else ""
             piece = contents[digest]
-            delta = self._delta_frame(piece, old)
-            if delta is not None:
-                frames[digest], depth = delta
-                delta_bases[old] = None
-            else:
+            frame = self._try_delta(piece, old)
+            if frame is None:
                 known = framed.get(digest) if framed is not None else None
-                frames[digest], depth = known or native.encode_frame(piece), 0
+                frame = known or native.encode_frame(piece)
+            found = native.frame_delta_base(frame)
+            depth = 0 if found is None else found[1]
+            if depth:
+                delta_bases[old] = None
+            frames[digest] = frame
             self.objects.remember(digest, piece, depth)
         return frames, list(delta_bases)
 
@@ -154,23 +156,21 @@ class TenantStore:
         except (DataLossError, CorruptObjectError):
             return []  # no deltas then; the save itself does not need the base
 
-    def _delta_frame(self, piece: bytes, old: str) -> tuple[bytes, int] | None:
-        """A delta frame of a new chunk on `old` and its depth, if one pays."""
+    def _try_delta(self, piece: bytes, old: str) -> bytes | None:
+        """The frame of a new chunk that may be a delta on `old`: the delta frame
+        when it is smaller, else the plain frame `encode_delta_frame` compared it
+        with; None when no delta was tried (no usable base)."""
         if not old or not self.objects.has(old):
             return None
         try:
-            content = self.objects.content(old, self.max_object_bytes)
-            base = self.objects.recent(old)
-            depth = base[1] if base is not None else self.objects.delta_depth(old)
+            content, depth = self.objects.content_and_depth(old, self.max_object_bytes)
         except (DataLossError, CorruptObjectError):
             return None  # a damaged base: Verify reports it
         if content[:_SAME_START] != piece[:_SAME_START]:
             # Not a rewrite of `old` (a grown or edited chunk starts as it did):
             # trying a delta would only cost a second compression.
             return None
-        frame = native.encode_delta_frame(piece, content, depth)
-        found = native.frame_delta_base(frame)
-        return None if found is None else (frame, found[1])
+        return native.encode_delta_frame(piece, content, depth)
 
     def prepare_entries(
         self,
