@@ -28,6 +28,7 @@ Replication = Literal["off", "async", "sync"]
 AuthMode = Literal["off", "token", "mtls", "token_or_mtls"]
 EncryptionMode = Literal["off", "on"]
 TracingMode = Literal["off", "otlp", "console"]
+FrontMode = Literal["auto", "native", "python"]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS: Final = ("text", "json")
@@ -36,6 +37,7 @@ REPLICATION_MODES: Final = ("off", "async", "sync")
 AUTH_MODES: Final = ("off", "token", "mtls", "token_or_mtls")
 ENCRYPTION_MODES: Final = ("off", "on")
 TRACING_MODES: Final = ("off", "otlp", "console")
+FRONT_MODES: Final = ("auto", "native", "python")
 ENV_PREFIX: Final = "STRATAD_"
 CONFIG_FILE_ENV: Final = "STRATAD_CONFIG"
 MIB: Final = 1024 * 1024
@@ -53,6 +55,7 @@ class Config:
 
     listen: str = "127.0.0.1:50051"
     listen_unix: str = ""
+    front: FrontMode = "auto"
     data_dir: Path = Path("./stratad-data")
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
@@ -114,6 +117,13 @@ class Config:
         return bool(self.tls_cert_file)
 
     @property
+    def native_front(self) -> bool:
+        """Whether the native front door serves the TCP listen address."""
+        if self.front == "auto":
+            return not self.tls and not self.is_unix_socket
+        return self.front == "native"
+
+    @property
     def plaintext_exposed(self) -> bool:
         """Plaintext gRPC on a TCP address other hosts may reach."""
         return not self.tls and not self.is_unix_socket and not is_loopback(self.listen)
@@ -136,6 +146,10 @@ def _check_security(config: Config) -> None:
         raise ConfigError(
             f"auth = {config.auth!r} identifies clients by certificate: set tls_client_ca_file"
         )
+    if config.front == "native" and config.tls:
+        raise ConfigError("front = 'native' serves plaintext only: use front = 'python' with TLS")
+    if config.front == "native" and config.is_unix_socket:
+        raise ConfigError("front = 'native' serves a TCP listen address, not a unix socket")
     if config.encryption_old_key_files and config.encryption != "on":
         raise ConfigError("encryption_old_key_files (key rotation) needs encryption = on")
     if config.plaintext_exposed and not config.allow_insecure:
@@ -421,6 +435,14 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "also serve gRPC on this unix socket path (for clients in the same pod or host), "
         "besides listen; empty or off = no second listener",
         "PATH",
+    ),
+    Option(
+        "front",
+        _choice(*FRONT_MODES),
+        "who serves gRPC on the TCP listen address: native (the Rust front door: "
+        "HTTP/2 and gRPC framing off the Python GIL, docs/architecture.md), python "
+        "(grpc.aio) or auto (native unless TLS is on, which grpc.aio serves)",
+        "MODE",
     ),
     Option(
         "data_dir",

@@ -28,6 +28,7 @@ from stratad.errors import UnavailableError
 from stratad.inspector import Inspector, start_inspector
 from stratad.server import reflection
 from stratad.server.auth import auth_interceptor
+from stratad.server.front import FrontBackend, FrontDoor, MethodRecorder, start_front
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
 from stratad.server.limits import LimitsInterceptor
 from stratad.server.metrics import Metrics
@@ -67,8 +68,11 @@ class StratadServer:
         tls: CertificateFiles | None = None,
         inspector: Inspector | None = None,
         lifecycle: Lifecycle | None = None,
+        front: FrontDoor | None = None,
     ) -> None:
         self._server = server
+        #: The native front door serving `address` (None: grpc.aio serves it).
+        self.front = front
         #: The health servicer, for code that must change a service's status.
         self.health = health
         self._resources = resources
@@ -107,6 +111,8 @@ class StratadServer:
         if self.lifecycle is not None:  # no expiry or GC starts while we drain
             await asyncio.to_thread(self.lifecycle.stop)
         try:
+            if self.front is not None:  # forwards to the grpc.aio server: stops first
+                await self.front.stop(grace)
             await self._server.stop(grace)
         finally:
             if self.metrics is not None:
@@ -179,19 +185,23 @@ async def _start(
     # The budget first: a request it refuses is never decoded. Then requests:
     # RequestInterceptor sees the status ErrorInterceptor made of an exception.
     limits = [LimitsInterceptor(resources.budget)] if resources.budget is not None else []
+    # Auth after errors: a refusal is an exception that becomes its status.
+    interceptors = [
+        *first,
+        *limits,
+        RequestInterceptor(observers),
+        ErrorInterceptor(),
+        auth_interceptor(config.auth, config.auth_tokens_file),
+    ]
     server = grpc.aio.server(
-        # Auth after errors: a refusal is an exception that becomes its status.
-        interceptors=[
-            *first,
-            *limits,
-            RequestInterceptor(observers),
-            ErrorInterceptor(),
-            auth_interceptor(config.auth, config.auth_tokens_file),
-        ],
+        interceptors=interceptors,
         options=server_options(config),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
     )
-    app_names = [_add_service(server, registration, resources) for registration in services]
+    recorder = MethodRecorder()  # the handlers, for the native front door
+    app_names = [
+        _add_service(server, registration, resources, recorder) for registration in services
+    ]
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     all_names = [*app_names, HEALTH_SERVICE_NAME]
@@ -199,7 +209,10 @@ async def _start(
         all_names.extend(reflection.SERVICE_NAMES)
         reflection.enable_server_reflection(all_names, server)
     tls = certificate_files(config)
-    address = _bind(server, config.listen, tls)
+    # With the native front door, grpc.aio serves a private unix socket and
+    # the front door the listen address (server/front.py).
+    backend = FrontBackend() if config.native_front else None
+    address = _bind(server, backend.address if backend else config.listen, tls)
     addresses = [address]
     if config.listen_unix:
         addresses.append(_bind(server, config.listen_unix, None))
@@ -209,31 +222,58 @@ async def _start(
     inspector: Inspector | None = None
     # HealthServicer starts with "" SERVING: nothing is ready until start() returns.
     await _set_status(health, ["", *app_names], _NOT_SERVING)
+    front: FrontDoor | None = None
     try:
         if config.inspector_listen:
             inspector = await start_inspector(resources)
         await server.start()
+        if backend is not None:
+            front = _start_front(config, backend, recorder, interceptors)
+            addresses[0] = f"{config.listen.rpartition(':')[0]}:{front.port}"
     except BaseException:
         if metrics is not None:
             metrics.stop()
         if inspector is not None:
             await inspector.stop()
+        await server.stop(None)
+        if backend is not None:
+            backend.remove()
         raise
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
     lifecycle = _start_lifecycle(resources, metrics)
-    return StratadServer(
+    stratad_server = StratadServer(
         server,
         health,
         resources,
-        address,
+        addresses[0],
         all_names,
         addresses=addresses,
+        front=front,
         metrics=metrics,
         tls=tls,
         inspector=inspector,
         lifecycle=lifecycle,
     )
+    if backend is not None:
+        stratad_server.on_stop(backend.remove)
+    return stratad_server
+
+
+def _start_front(
+    config: Config, backend: FrontBackend, recorder: MethodRecorder, interceptors: list[Any]
+) -> FrontDoor:
+    try:
+        return start_front(
+            config.listen,
+            backend.path,
+            recorder.handlers,
+            interceptors,
+            max_message_bytes=config.max_message_bytes + MESSAGE_HEADROOM_BYTES,
+            max_concurrent_calls=config.max_concurrent_rpcs,
+        )
+    except OSError as exc:
+        raise ServerStartError(str(exc)) from None
 
 
 def _start_lifecycle(resources: Resources, metrics: Metrics | None) -> Lifecycle | None:
@@ -273,8 +313,12 @@ def server_options(config: Config) -> list[tuple[str, int]]:
     ]
 
 
-def _add_service(server: Any, registration: ServiceRegistration, resources: Resources) -> str:
-    registration.add_fn(registration.servicer_factory(resources), server)
+def _add_service(
+    server: Any, registration: ServiceRegistration, resources: Resources, recorder: MethodRecorder
+) -> str:
+    servicer = registration.servicer_factory(resources)
+    registration.add_fn(servicer, server)
+    registration.add_fn(servicer, recorder)
     return registration.name
 
 

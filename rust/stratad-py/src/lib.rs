@@ -16,6 +16,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyType};
 use stratad_core as core;
 
+mod front;
+
 /// Inputs above this many bytes (or items) are processed with the GIL
 /// released; below it, releasing and re-taking the GIL costs more than it
 /// gains.
@@ -632,6 +634,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PreparedChunk>()?;
     m.add_class::<JaccardIndex>()?;
     m.add_class::<CrystalIndex>()?;
+    m.add_class::<front::NativeFront>()?;
+    m.add_class::<front::FrontCall>()?;
     m.add_function(wrap_pyfunction!(digest, m)?)?;
     m.add_function(wrap_pyfunction!(digest_hex, m)?)?;
     m.add_function(wrap_pyfunction!(chunk_boundaries, m)?)?;

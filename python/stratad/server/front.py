@@ -1,0 +1,364 @@
+"""The native front door: HTTP/2 and gRPC framing in Rust for the hot calls.
+
+Python's grpc.aio spends about as much CPU on each call's HTTP/2 and gRPC
+framing as stratad spends on the save itself, under the same GIL
+(docs/benchmarks.md). With ``front = native`` the daemon's TCP port is served
+by `stratad._core.NativeFront` (rust/stratad-front) instead:
+
+- every unary and bidi-streaming method of stratad's own services is served
+  natively: the Rust server reads the request messages and queues them; a
+  dispatcher thread here takes the queued events in batches and hands each
+  batch to the event loop with one wake-up; the loop runs the *same* handler
+  grpc.aio would run, through the same interceptors (auth, limits, metrics,
+  request log, error mapping), with a `FrontContext` in place of grpc.aio's
+  ServicerContext; the encoded answer and status go back to Rust;
+- every other call (health, reflection, server streams, compressed calls) is
+  forwarded unchanged to the daemon's grpc.aio server, which listens on a
+  private unix socket only; the real caller's address travels with it in
+  metadata that only the front door can set (`forwarded_peer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import secrets
+import shutil
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from stratad import _core
+
+_log = logging.getLogger(__name__)
+
+#: Event kinds of NativeFront.take_events (rust/stratad-front/src/call.rs).
+STARTED, MESSAGE, REQUESTS_ENDED, CANCELLED = 0, 1, 2, 3
+#: Request messages of a stream read ahead of the handler.
+STREAM_PREFETCH = 2
+#: Metadata set by the front door on forwarded calls (rust/stratad-front/src/proxy.rs).
+PEER_HEADER = "x-stratad-front-peer"
+KEY_HEADER = "x-stratad-front-key"
+#: The key the running front door puts in KEY_HEADER (one per process start).
+_front_key = secrets.token_hex(16)
+
+
+def forwarded_peer(context: Any) -> str:
+    """The caller's address: for a call the front door forwarded, the address
+    it came from (not the private socket's); else ``context.peer()``."""
+    try:
+        peer = str(context.peer())
+    except Exception:  # a context without a peer (tests, a call gone)
+        return ""
+    if not peer.startswith("unix:"):
+        return peer
+    metadata = dict(context.invocation_metadata() or ())
+    if metadata.get(KEY_HEADER) == _front_key and PEER_HEADER in metadata:
+        return str(metadata[PEER_HEADER])
+    return peer
+
+
+class FrontBackend:
+    """The private unix socket the grpc.aio server listens on behind the front
+    door, in a fresh directory only this user may enter."""
+
+    def __init__(self) -> None:
+        self._directory = tempfile.mkdtemp(prefix="stratad-front-")  # mode 0700
+        self.path = f"{self._directory}/grpc.sock"
+        self.address = f"unix:{self.path}"
+
+    def remove(self) -> None:
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+
+class MethodRecorder:
+    """Stands in for a grpc server in the generated ``add_*_to_server``
+    functions, to learn every method's handler."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[Any]) -> None:
+        pass  # the same handlers come again through add_registered_method_handlers
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        for name, handler in handlers.items():
+            self.handlers[f"/{service}/{name}"] = handler
+
+
+def native_methods(
+    handlers: dict[str, grpc.RpcMethodHandler],
+) -> tuple[list[str], list[str]]:
+    """(unary, bidi stream) methods the front door serves itself: those whose
+    handler is a coroutine / async generator function, as stratad's are."""
+    unary, streams = [], []
+    for method, handler in handlers.items():
+        if handler.unary_unary is not None and inspect.iscoroutinefunction(handler.unary_unary):
+            unary.append(method)
+        elif handler.stream_stream is not None and inspect.isasyncgenfunction(
+            handler.stream_stream
+        ):
+            streams.append(method)
+    return unary, streams
+
+
+@dataclass(frozen=True)
+class _CallDetails(grpc.HandlerCallDetails):  # type: ignore[misc]
+    method: str
+    invocation_metadata: tuple[tuple[str, Any], ...]
+
+
+class FrontContext:
+    """What a handler and the interceptors use of grpc.aio's ServicerContext,
+    for a call of the native front door."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._metadata: tuple[tuple[str, Any], ...] | None = None
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self._trailers: tuple[tuple[str, Any], ...] = ()
+        self._done = False
+        self._cancelled = False
+
+    def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
+        if self._metadata is None:
+            self._metadata = self._call.metadata
+        return self._metadata
+
+    def peer(self) -> str:
+        return str(self._call.peer)
+
+    def peer_identities(self) -> None:
+        return None  # plaintext only: no certificates
+
+    def peer_identity_key(self) -> None:
+        return None
+
+    def auth_context(self) -> dict[str, Any]:
+        return {}
+
+    def time_remaining(self) -> float | None:
+        remaining = self._call.time_remaining()
+        return None if remaining is None else float(remaining)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def details(self) -> str:
+        return self._details
+
+    def set_trailing_metadata(self, trailing_metadata: Sequence[tuple[str, Any]]) -> None:
+        self._trailers = tuple(trailing_metadata)
+
+    def trailing_metadata(self) -> tuple[tuple[str, Any], ...]:
+        return self._trailers
+
+    async def abort(
+        self,
+        code: grpc.StatusCode,
+        details: str = "",
+        trailing_metadata: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        if code == grpc.StatusCode.OK:
+            _log.error("abort() called with StatusCode.OK; returning UNKNOWN")
+            code = grpc.StatusCode.UNKNOWN
+        self._code, self._details = code, details
+        if trailing_metadata:
+            self._trailers = tuple(trailing_metadata)
+        raise grpc.aio.AbortError()
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def finish(self, response: bytes | None) -> None:
+        """Send the answer: ``response`` (if any) and the status set on this context."""
+        self._done = True
+        code = self._code or grpc.StatusCode.OK
+        self._call.finish(response, code.value[0], self._details, list(self._trailers))
+
+
+@dataclass
+class _Active:
+    call: Any
+    task: asyncio.Task[None] | None = None
+    inbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    context: FrontContext | None = None
+
+
+class FrontDoor:
+    """Serves the native methods of a `NativeFront` on the event loop."""
+
+    def __init__(
+        self,
+        native: Any,
+        handlers: dict[str, grpc.RpcMethodHandler],
+        interceptors: Sequence[Any],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._native = native
+        self._handlers = handlers
+        self._interceptors = tuple(interceptors)
+        self._loop = loop
+        self._calls: dict[int, _Active] = {}
+        self._thread = threading.Thread(target=self._pump, name="stratad-front", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._native.port)
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop accepting; give calls in progress up to ``grace`` seconds; close."""
+        await asyncio.to_thread(self._native.shutdown, 0.0 if grace is None else grace)
+        for active in list(self._calls.values()):
+            if active.task is not None:
+                active.task.cancel()
+        await asyncio.to_thread(self._thread.join, 10)
+
+    # --- the dispatcher thread ---------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Take queued events in batches (the GIL is free while waiting) and hand
+        each batch to the loop with one wake-up."""
+        while True:
+            events = self._native.take_events(0.5)
+            if events:
+                try:
+                    self._loop.call_soon_threadsafe(self._on_events, events)
+                except RuntimeError:  # the loop is closed: nobody left to answer
+                    return
+            elif self._native.closed:
+                return
+
+    # --- on the event loop -------------------------------------------------------------
+
+    def _on_events(self, events: list[tuple[int, Any, bytes | None]]) -> None:
+        for kind, call, message in events:
+            if kind == STARTED:
+                active = _Active(call)
+                self._calls[call.id] = active
+                active.task = self._loop.create_task(self._serve(active, message))
+                continue
+            found = self._calls.get(call.id)
+            if found is None:
+                continue
+            if kind == MESSAGE:
+                found.inbox.put_nowait(message)
+            elif kind == REQUESTS_ENDED:
+                found.inbox.put_nowait(None)
+            elif kind == CANCELLED and found.task is not None:
+                if found.context is not None:
+                    found.context._cancelled = True
+                found.task.cancel()
+
+    async def _serve(self, active: _Active, message: bytes | None) -> None:
+        call = active.call
+        context = active.context = FrontContext(call)
+        try:
+            handler = await self._handler(call.method, context)
+            if handler is None:
+                call.finish(None, grpc.StatusCode.UNIMPLEMENTED.value[0], "Method not found!")
+            elif call.unary:
+                await self._serve_unary(handler, message, context)
+            else:
+                await self._serve_stream(handler, active, context)
+        except grpc.aio.AbortError:
+            context.finish(None)
+        except asyncio.CancelledError:
+            pass  # the client left or its deadline passed: Rust answered already
+        except Exception as exc:  # what grpc.aio answers for an escaped exception
+            _log.exception("unexpected error in %s", call.method)
+            call.finish(None, grpc.StatusCode.UNKNOWN.value[0], f"Unexpected {type(exc)}: {exc}")
+        finally:
+            self._calls.pop(call.id, None)
+
+    async def _handler(self, method: str, context: FrontContext) -> Any:
+        """The method's handler wrapped by the interceptors, as grpc.aio builds it."""
+        details = _CallDetails(method, context.invocation_metadata())
+        return await self._intercept(0, details)
+
+    async def _intercept(self, index: int, details: _CallDetails) -> Any:
+        if index == len(self._interceptors):
+            return self._handlers.get(details.method)
+        continuation = functools.partial(self._intercept, index + 1)
+        return await self._interceptors[index].intercept_service(continuation, details)
+
+    async def _serve_unary(self, handler: Any, message: bytes | None, context: FrontContext) -> None:
+        deserialize = handler.request_deserializer
+        request = deserialize(message) if deserialize is not None else message
+        response = await handler.unary_unary(request, context)
+        serialize = handler.response_serializer
+        context.finish(serialize(response) if serialize is not None else response)
+
+    async def _serve_stream(self, handler: Any, active: _Active, context: FrontContext) -> None:
+        serialize = handler.response_serializer
+        call = active.call
+        async for response in handler.stream_stream(self._requests(handler, active), context):
+            call.send(serialize(response) if serialize is not None else response)
+        context.finish(None)
+
+    async def _requests(self, handler: Any, active: _Active) -> AsyncIterator[Any]:
+        deserialize = handler.request_deserializer
+        for _ in range(STREAM_PREFETCH):
+            active.call.pull()
+        while True:
+            message = await active.inbox.get()
+            if message is None:
+                return
+            active.call.pull()
+            yield deserialize(message) if deserialize is not None else message
+
+
+def start_front(
+    listen: str,
+    backend_socket: str,
+    handlers: dict[str, grpc.RpcMethodHandler],
+    interceptors: Sequence[Any],
+    *,
+    max_message_bytes: int,
+    max_concurrent_calls: int,
+    worker_threads: int = 2,
+) -> FrontDoor:
+    """Bind ``listen`` with the native front door (raises OSError if it cannot)."""
+    unary, streams = native_methods(handlers)
+    native = _core.NativeFront(
+        listen,
+        backend_socket,
+        unary,
+        streams,
+        max_message_bytes=max_message_bytes,
+        max_concurrent_calls=max_concurrent_calls,
+        front_key=_front_key,
+        worker_threads=worker_threads,
+    )
+    return FrontDoor(native, handlers, interceptors, asyncio.get_running_loop())
+
+
+__all__ = [
+    "FrontBackend",
+    "FrontContext",
+    "FrontDoor",
+    "MethodRecorder",
+    "forwarded_peer",
+    "native_methods",
+    "start_front",
+]

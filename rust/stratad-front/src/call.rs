@@ -1,0 +1,196 @@
+//! Calls and the event queue between the HTTP/2 server and the daemon.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::grpc::Code;
+
+/// A metadata value as gRPC defines it: text, or bytes for `-bin` keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataValue {
+    Text(String),
+    Binary(Vec<u8>),
+}
+
+/// What the daemon sends back for a call.
+#[derive(Debug)]
+pub(crate) enum Out {
+    Message(Bytes),
+    Finish(Status),
+}
+
+/// A final status with its trailing metadata.
+#[derive(Debug, Clone)]
+pub(crate) struct Status {
+    pub code: u32,
+    pub message: String,
+    pub trailers: Vec<(String, MetadataValue)>,
+}
+
+impl Status {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Status { code: code as u32, message: message.into(), trailers: Vec::new() }
+    }
+}
+
+/// One call handed to the daemon: its facts, and the way to answer it.
+#[derive(Debug)]
+pub struct CallHandle {
+    pub id: u64,
+    /// `/package.Service/Method`.
+    pub method: String,
+    pub metadata: Vec<(String, MetadataValue)>,
+    /// `ipv4:127.0.0.1:5000` or `ipv6:[::1]:5000`, as grpc writes peers.
+    pub peer: String,
+    pub deadline: Option<Instant>,
+    /// False for a bidi stream: its requests arrive as [`EventKind::Message`].
+    pub unary: bool,
+    out: mpsc::UnboundedSender<Out>,
+    pull: Option<mpsc::UnboundedSender<()>>,
+    finished: AtomicBool,
+}
+
+impl CallHandle {
+    pub(crate) fn new(
+        id: u64,
+        method: String,
+        metadata: Vec<(String, MetadataValue)>,
+        peer: String,
+        deadline: Option<Instant>,
+        out: mpsc::UnboundedSender<Out>,
+        pull: Option<mpsc::UnboundedSender<()>>,
+    ) -> Self {
+        CallHandle {
+            id,
+            method,
+            metadata,
+            peer,
+            deadline,
+            unary: pull.is_none(),
+            out,
+            pull,
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Time left before the caller's deadline (None: no deadline).
+    pub fn time_remaining(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Queue one response message (a stream's; a unary call answers with `finish`).
+    /// False once the call is over (finished, cancelled, or the client left).
+    pub fn send(&self, message: Bytes) -> bool {
+        !self.is_finished() && self.out.send(Out::Message(message)).is_ok()
+    }
+
+    /// End the call: an optional last message, then the status. Only the
+    /// first finish counts; false if the call was already over.
+    pub fn finish(
+        &self,
+        message: Option<Bytes>,
+        code: u32,
+        text: String,
+        trailers: Vec<(String, MetadataValue)>,
+    ) -> bool {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        if let Some(message) = message {
+            if self.out.send(Out::Message(message)).is_err() {
+                return false;
+            }
+        }
+        self.out.send(Out::Finish(Status { code, message: text, trailers })).is_ok()
+    }
+
+    /// Ask for the next request message of a stream (one per call of this).
+    pub fn pull(&self) {
+        if let Some(pull) = &self.pull {
+            let _ = pull.send(());
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
+    }
+
+    /// Mark over without a status sent by the daemon (the server answered it
+    /// itself: deadline, bad request frame, or the client went away).
+    pub(crate) fn close(&self) -> bool {
+        !self.finished.swap(true, Ordering::AcqRel)
+    }
+
+    /// Finish from the server side, winning over a later daemon finish.
+    pub(crate) fn fail(&self, status: Status) {
+        if self.close() {
+            let _ = self.out.send(Out::Finish(status));
+        }
+    }
+}
+
+/// What happened to a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A new call; a unary one comes with its request message.
+    Started = 0,
+    /// The next request message of a stream (after a `pull`).
+    Message = 1,
+    /// The client half-closed a stream: no more requests.
+    RequestsEnded = 2,
+    /// The call ended without the daemon's answer (client gone, deadline,
+    /// bad frame): stop working on it.
+    Cancelled = 3,
+}
+
+#[derive(Debug)]
+pub struct Event {
+    pub kind: EventKind,
+    pub call: Arc<CallHandle>,
+    pub message: Option<Bytes>,
+}
+
+/// Events from the server's threads to the daemon, taken in batches: one
+/// wake-up of the daemon's dispatcher serves every call that arrived meanwhile.
+#[derive(Default)]
+pub struct EventQueue {
+    events: Mutex<VecDeque<Event>>,
+    ready: Condvar,
+    closed: AtomicBool,
+}
+
+impl EventQueue {
+    pub(crate) fn push(&self, event: Event) {
+        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        events.push_back(event);
+        drop(events);
+        self.ready.notify_one();
+    }
+
+    /// Every queued event, waiting up to `timeout` for the first. Empty on
+    /// timeout or once closed and drained.
+    pub fn take(&self, timeout: Duration) -> Vec<Event> {
+        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut events, _) = self
+            .ready
+            .wait_timeout_while(events, timeout, |e| {
+                e.is_empty() && !self.closed.load(Ordering::Acquire)
+            })
+            .unwrap_or_else(PoisonError::into_inner);
+        events.drain(..).collect()
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.ready.notify_all();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
