@@ -14,7 +14,9 @@ __all__ = [
     "FRAME_HEADER_SIZE",
     "MAX_DELTA_DEPTH",
     "CrystalIndex",
+    "FrontCall",
     "JaccardIndex",
+    "NativeFront",
     "PreparedChunk",
     "chunk_boundaries",
     "compress",
@@ -178,3 +180,65 @@ class CrystalIndex:
         """(count, effective count, total reuses, sum of effectiveness)."""
     def memory_usage(self) -> int:
         """An estimate of the heap bytes the index holds."""
+
+@final
+class NativeFront:
+    """The native gRPC front door's HTTP/2 server, on its own threads (see
+    python/stratad/server/front.py, its only user)."""
+
+    def __new__(
+        cls,
+        listen: str,
+        backend: str,
+        unary_methods: Sequence[str],
+        stream_methods: Sequence[str],
+        *,
+        max_message_bytes: int,
+        max_concurrent_calls: int,
+        front_key: str,
+        worker_threads: int,
+    ) -> NativeFront:
+        """Bind `listen` and serve; raises OSError if it cannot bind."""
+    @property
+    def port(self) -> int: ...
+    @property
+    def in_progress(self) -> int:
+        """Native calls accepted and not yet answered."""
+    @property
+    def closed(self) -> bool: ...
+    def take_events(self, timeout: float) -> list[tuple[int, FrontCall, bytes | None]]:
+        """Every queued event as (kind, call, message), waiting up to `timeout` s
+        (GIL released) for the first; [] on timeout or after shutdown."""
+    def shutdown(self, grace: float) -> None:
+        """Stop accepting; wait up to `grace` s for calls in progress; close."""
+
+@final
+class FrontCall:
+    """One call of the native front door."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def peer(self) -> str: ...
+    @property
+    def unary(self) -> bool: ...
+    @property
+    def metadata(self) -> tuple[tuple[str, str | bytes], ...]: ...
+    @property
+    def finished(self) -> bool: ...
+    def time_remaining(self) -> float | None:
+        """Seconds left before the caller's deadline; None without one."""
+    def send(self, message: bytes) -> bool:
+        """Send one response message of a stream; False once the call is over."""
+    def finish(
+        self,
+        response: bytes | None,
+        code: int,
+        message: str,
+        trailers: Sequence[tuple[str, str | bytes]] = ...,
+    ) -> bool:
+        """End the call (only the first finish counts)."""
+    def pull(self) -> None:
+        """Ask for the next request message of a stream."""

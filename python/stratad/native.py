@@ -1,7 +1,8 @@
 """The native core of stratad: the only module that imports `stratad._core`.
 
 Everything else imports the hot paths (digests, chunking, zstd, object
-frames, Jaccard matching, goal generalization) from here. The contract is
+frames, Jaccard matching, goal generalization) and the native gRPC front
+door (`NativeFront`, used by server/front.py) from here. The contract is
 docs/native.md; the extension raises the exception classes of
 `stratad.errors`.
 """
@@ -18,7 +19,9 @@ from stratad._core import (
     FRAME_HEADER_SIZE,
     MAX_DELTA_DEPTH,
     CrystalIndex,
+    FrontCall,
     JaccardIndex,
+    NativeFront,
     PreparedChunk,
     chunk_boundaries,
     compress,
@@ -49,7 +52,9 @@ __all__ = [
     "FRAME_HEADER_SIZE",
     "MAX_DELTA_DEPTH",
     "CrystalIndex",
+    "FrontCall",
     "JaccardIndex",
+    "NativeFront",
     "PreparedChunk",
     "chunk_boundaries",
     "compress",

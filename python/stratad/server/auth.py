@@ -45,6 +45,7 @@ from grpc_health.v1 import health_pb2
 from stratad.config import AuthMode, ConfigError
 from stratad.domain.ids import validate_id
 from stratad.errors import PermissionDeniedError, StratadError, UnauthenticatedError
+from stratad.server.front import forwarded_peer
 from stratad.server.interceptors import settle_tenant
 
 _log = logging.getLogger(__name__)
@@ -254,10 +255,7 @@ def _audit(
 
 
 def _peer(context: Any) -> str:
-    try:
-        return str(context.peer())
-    except Exception:  # a context without a peer (tests, a call gone)
-        return ""
+    return forwarded_peer(context)  # the caller's, also behind the native front door
 
 
 def _code_of(context: Any, exc: BaseException | None) -> str:

@@ -3,7 +3,7 @@
 Python's grpc.aio spends about as much CPU on each call's HTTP/2 and gRPC
 framing as stratad spends on the save itself, under the same GIL
 (docs/benchmarks.md). With ``front = native`` the daemon's TCP port is served
-by `stratad._core.NativeFront` (rust/stratad-front) instead:
+by `stratad.native.NativeFront` (rust/stratad-front) instead:
 
 - every unary and bidi-streaming method of stratad's own services is served
   natively: the Rust server reads the request messages and queues them; a
@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from stratad import _core
+from stratad.native import NativeFront
 
 _log = logging.getLogger(__name__)
 
@@ -302,7 +302,9 @@ class FrontDoor:
         continuation = functools.partial(self._intercept, index + 1)
         return await self._interceptors[index].intercept_service(continuation, details)
 
-    async def _serve_unary(self, handler: Any, message: bytes | None, context: FrontContext) -> None:
+    async def _serve_unary(
+        self, handler: Any, message: bytes | None, context: FrontContext
+    ) -> None:
         deserialize = handler.request_deserializer
         request = deserialize(message) if deserialize is not None else message
         response = await handler.unary_unary(request, context)
@@ -340,7 +342,7 @@ def start_front(
 ) -> FrontDoor:
     """Bind ``listen`` with the native front door (raises OSError if it cannot)."""
     unary, streams = native_methods(handlers)
-    native = _core.NativeFront(
+    native = NativeFront(
         listen,
         backend_socket,
         unary,

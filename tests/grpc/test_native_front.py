@@ -1,0 +1,300 @@
+"""The native front door (server/front.py, rust/stratad-front) from a client's side.
+
+It serves the TCP port by default (``front = auto`` without TLS): unary and
+bidi calls of stratad's services natively, everything else forwarded to the
+grpc.aio server on a private unix socket. These tests check what a client
+would notice: the same answers, statuses and rich error details as grpc.aio,
+deadlines, cancellation, the concurrency limit, oversized and garbage input,
+compressed calls, and that the daemon keeps serving after each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_status import rpc_status
+
+from stratad.api.v1 import checkpoint_pb2, checkpoint_pb2_grpc, session_pb2, session_pb2_grpc
+from stratad.config import Config, ConfigError
+from stratad.server import front
+from stratad.server.registry import SERVICES
+
+DEADLINE = 15.0
+
+
+def _stubs(target: str, **options: Any) -> tuple[grpc.Channel, Any, Any]:
+    channel = grpc.insecure_channel(target, **options)
+    return (
+        channel,
+        session_pb2_grpc.SessionServiceStub(channel),
+        checkpoint_pb2_grpc.CheckpointServiceStub(channel),
+    )
+
+
+def _save(checkpoints: Any, session: str, data: bytes, **kw: Any) -> Any:
+    request = checkpoint_pb2.SaveStateRequest(session_id=session, data=data)
+    return checkpoints.SaveState(request, timeout=kw.pop("timeout", DEADLINE), **kw)
+
+
+def _load(checkpoints: Any, session: str) -> bytes:
+    request = checkpoint_pb2.LoadStateRequest(session_id=session)
+    return bytes(checkpoints.LoadState(request, timeout=DEADLINE).data)
+
+
+@pytest.fixture
+def native(inprocess_server: Callable[..., Any]) -> Any:
+    server = inprocess_server(SERVICES)
+    assert server.server.front is not None, "front = auto must serve TCP natively"
+    return server
+
+
+def test_front_is_native_by_default_and_python_on_request(
+    inprocess_server: Callable[..., Any],
+) -> None:
+    python = inprocess_server(SERVICES, front="python")
+    assert python.server.front is None
+    with pytest.raises(ConfigError, match="native"):
+        Config(front="native", listen="unix:/tmp/x.sock")
+
+
+def test_saves_and_loads_round_trip_natively(native: Any) -> None:
+    channel, sessions, checkpoints = _stubs(native.target)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="s"), timeout=DEADLINE)
+        saved = _save(checkpoints, "s", b'{"step": 1}')
+        assert saved.checkpoint_id
+        assert _load(checkpoints, "s") == b'{"step": 1}'
+
+
+def test_health_and_reflection_are_forwarded_to_grpc_aio(native: Any) -> None:
+    with grpc.insecure_channel(native.target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        answer = next(iter(reflection.ServerReflectionInfo(iter([request]), timeout=DEADLINE)))
+        names = {s.name for s in answer.list_services_response.service}
+        assert "stratad.api.v1.CheckpointService" in names
+
+
+def test_server_stream_watch_is_forwarded(native: Any) -> None:
+    channel, sessions, checkpoints = _stubs(native.target)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="w"), timeout=DEADLINE)
+        watch = sessions.WatchSession(
+            session_pb2.WatchSessionRequest(session_id="w", from_version=1), timeout=DEADLINE
+        )
+        _save(checkpoints, "w", b"{}")
+        answer = next(iter(watch))
+        watch.cancel()
+        assert answer.event.session_id == "w"
+
+
+def test_errors_carry_status_and_error_info_like_grpc_aio(
+    native: Any, inprocess_server: Callable[..., Any]
+) -> None:
+    python = inprocess_server(SERVICES, front="python")
+    answers = []
+    for server in (native, python):
+        channel, _, checkpoints = _stubs(server.target)
+        with channel, pytest.raises(grpc.RpcError) as caught:
+            _load(checkpoints, "no-such-session")
+        status = rpc_status.from_call(caught.value)
+        assert status is not None
+        info = error_details_pb2.ErrorInfo()
+        assert status.details[0].Unpack(info)
+        answers.append((caught.value.code(), caught.value.details(), info.reason, info.domain))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == grpc.StatusCode.NOT_FOUND
+
+
+def test_undecodable_request_is_invalid_argument_and_serving_goes_on(native: Any) -> None:
+    with grpc.insecure_channel(native.target) as channel:
+        raw = channel.unary_unary("/stratad.api.v1.CheckpointService/SaveState")
+        with pytest.raises(grpc.RpcError) as caught:
+            raw(b"\xff\xff\xff\xff", timeout=DEADLINE)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        unknown = channel.unary_unary("/stratad.api.v1.CheckpointService/NoSuchMethod")
+        with pytest.raises(grpc.RpcError) as caught:
+            unknown(b"", timeout=DEADLINE)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    test_saves_and_loads_round_trip_natively(native)
+
+
+def test_oversized_message_is_resource_exhausted(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server(SERVICES, max_message_bytes=1 << 20)
+    limit = 1 << 20
+    channel, sessions, checkpoints = _stubs(
+        server.target, options=[("grpc.max_send_message_length", 64 << 20)]
+    )
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="big"), timeout=30)
+        with pytest.raises(grpc.RpcError) as caught:
+            _save(checkpoints, "big", b"x" * (limit + (8 << 20)))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert _save(checkpoints, "big", b"small").checkpoint_id
+        assert _load(checkpoints, "big") == b"small"
+
+
+def _slow_commits(server: Any, seconds: float) -> Callable[[], None]:
+    """Make every journaled mutation wait ``seconds`` before its commit; returns undo."""
+    committer = server.resources.engine.committer
+    original = committer.wait
+
+    async def slow(points: Any) -> None:
+        await asyncio.sleep(seconds)
+        await original(points)
+
+    committer.wait = slow
+    return lambda: setattr(committer, "wait", original)
+
+
+def test_deadline_exceeded_then_the_save_is_still_durable(native: Any) -> None:
+    channel, sessions, checkpoints = _stubs(native.target)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="d"), timeout=DEADLINE)
+        undo = _slow_commits(native, 1.0)
+        try:
+            with pytest.raises(grpc.RpcError) as caught:
+                _save(checkpoints, "d", b'{"late": true}', timeout=0.2)
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        finally:
+            undo()
+        time.sleep(1.2)
+        # grpc.aio's behaviour too: a save past its deadline may still land.
+        assert _load(checkpoints, "d") in (b'{"late": true}', b"")
+        assert _save(checkpoints, "d", b'{"next": 1}').checkpoint_id
+        assert _load(checkpoints, "d") == b'{"next": 1}'
+    assert native.server.front._calls == {}
+
+
+def test_client_cancel_ends_the_call_and_serving_goes_on(native: Any) -> None:
+    channel, sessions, checkpoints = _stubs(native.target)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="c"), timeout=DEADLINE)
+        undo = _slow_commits(native, 2.0)
+        try:
+            future = checkpoints.SaveState.future(
+                checkpoint_pb2.SaveStateRequest(session_id="c", data=b"{}"), timeout=DEADLINE
+            )
+            time.sleep(0.3)
+            assert future.cancel()
+        finally:
+            undo()
+        deadline = time.monotonic() + 10
+        while native.server.front._calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert native.server.front._calls == {}
+        assert _save(checkpoints, "c", b'{"after": 1}').checkpoint_id
+
+
+def test_concurrent_call_limit(inprocess_server: Callable[..., Any]) -> None:
+    server = inprocess_server(SERVICES, max_concurrent_rpcs=1)
+    channel, sessions, checkpoints = _stubs(server.target)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="l"), timeout=DEADLINE)
+        undo = _slow_commits(server, 1.0)
+        try:
+            first = checkpoints.SaveState.future(
+                checkpoint_pb2.SaveStateRequest(session_id="l", data=b"{}"), timeout=DEADLINE
+            )
+            time.sleep(0.3)
+            with pytest.raises(grpc.RpcError) as caught:
+                _save(checkpoints, "l", b"{}")
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert first.result().checkpoint_id
+        finally:
+            undo()
+
+
+def test_compressed_calls_are_served(native: Any) -> None:
+    channel, sessions, checkpoints = _stubs(native.target, compression=grpc.Compression.Gzip)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="z"), timeout=DEADLINE)
+        _save(checkpoints, "z", b'{"zipped": "' + b"a" * 4096 + b'"}')
+        assert _load(checkpoints, "z").startswith(b'{"zipped"')
+
+
+def test_savestates_stream_answers_in_order(native: Any) -> None:
+    channel, sessions, checkpoints = _stubs(native.target)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="st"), timeout=DEADLINE)
+        requests = [
+            checkpoint_pb2.SaveStatesRequest(
+                request=checkpoint_pb2.SaveStateRequest(
+                    session_id="st", data=b'{"i": %d}' % i, checkpoint_id=f"cp-{i}"
+                )
+            )
+            for i in range(50)
+        ]
+        answers = list(checkpoints.SaveStates(iter(requests), timeout=DEADLINE))
+        assert [a.response.checkpoint_id for a in answers] == [f"cp-{i}" for i in range(50)]
+        assert _load(checkpoints, "st") == b'{"i": 49}'
+
+
+def test_garbage_on_the_port_does_not_stop_serving(native: Any) -> None:
+    host, _, port = native.target.rpartition(":")
+    for garbage in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00" * 64, b"PRI * HTTP/2.0\r\n"):
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(garbage)
+            sock.settimeout(2)
+            with contextlib.suppress(TimeoutError):
+                sock.recv(1024)
+    test_saves_and_loads_round_trip_natively(native)
+
+
+def test_many_clients_at_once(native: Any) -> None:
+    channel, sessions, checkpoints = _stubs(native.target)
+    errors: list[BaseException] = []
+
+    def client(n: int) -> None:
+        try:
+            session = f"m{n}"
+            sessions.CreateSession(
+                session_pb2.CreateSessionRequest(session_id=session), timeout=DEADLINE
+            )
+            for i in range(20):
+                _save(checkpoints, session, b'{"n": %d, "i": %d}' % (n, i))
+            assert _load(checkpoints, session) == b'{"n": %d, "i": 19}' % n
+        except BaseException as exc:
+            errors.append(exc)
+
+    with channel:
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
+class _Context:
+    def __init__(self, peer: str, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._peer, self._metadata = peer, metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+
+def test_forwarded_peer_is_believed_only_with_the_front_key() -> None:
+    forwarded = ((front.PEER_HEADER, "ipv4:10.0.0.7:4242"), (front.KEY_HEADER, front._front_key))
+    assert front.forwarded_peer(_Context("unix:", forwarded)) == "ipv4:10.0.0.7:4242"
+    forged = ((front.PEER_HEADER, "ipv4:10.0.0.7:4242"), (front.KEY_HEADER, "guess"))
+    assert front.forwarded_peer(_Context("unix:", forged)) == "unix:"
+    # A TCP caller's own address always wins over metadata.
+    assert front.forwarded_peer(_Context("ipv4:1.2.3.4:5", forwarded)) == "ipv4:1.2.3.4:5"
