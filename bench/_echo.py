@@ -34,9 +34,13 @@ async def stream(
         yield REPLY
 
 
-async def main(address: str) -> None:
+async def main(address: str, reuseport: bool) -> None:
+    # --reuseport: several echo processes share one port (bench/front.py).
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)]
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.so_reuseport", int(reuseport)),
+        ]
     )
     handlers = {
         "Unary": grpc.unary_unary_rpc_method_handler(unary, _identity, _identity),
@@ -50,4 +54,4 @@ async def main(address: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(sys.argv[1], "--reuseport" in sys.argv[2:]))
