@@ -440,7 +440,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "front",
         _choice(*FRONT_MODES),
         "who serves gRPC on the TCP listen address: native (the Rust front door: "
-        "HTTP/2 and gRPC framing off the Python GIL, docs/architecture.md), python "
+        "HTTP/2 and gRPC framing off the Python GIL, docs/design.md), python "
         "(grpc.aio) or auto (native unless TLS is on, which grpc.aio serves)",
         "MODE",
     ),
