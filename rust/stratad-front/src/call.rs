@@ -34,7 +34,11 @@ pub(crate) struct Status {
 
 impl Status {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Status { code: code as u32, message: message.into(), trailers: Vec::new() }
+        Status {
+            code: code as u32,
+            message: message.into(),
+            trailers: Vec::new(),
+        }
     }
 }
 
@@ -80,7 +84,8 @@ impl CallHandle {
 
     /// Time left before the caller's deadline (None: no deadline).
     pub fn time_remaining(&self) -> Option<Duration> {
-        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
     }
 
     /// Queue one response message (a stream's; a unary call answers with `finish`).
@@ -106,7 +111,13 @@ impl CallHandle {
                 return false;
             }
         }
-        self.out.send(Out::Finish(Status { code, message: text, trailers })).is_ok()
+        self.out
+            .send(Out::Finish(Status {
+                code,
+                message: text,
+                trailers,
+            }))
+            .is_ok()
     }
 
     /// Ask for the next request message of a stream (one per call of this).

@@ -29,8 +29,14 @@ pub enum Code {
 }
 
 /// Headers of the protocol itself: not metadata a handler sees.
-const RESERVED: [&str; 6] =
-    ["content-type", "te", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding", "host"];
+const RESERVED: [&str; 6] = [
+    "content-type",
+    "te",
+    "grpc-timeout",
+    "grpc-encoding",
+    "grpc-accept-encoding",
+    "host",
+];
 
 /// Is this request a gRPC call we can serve natively (uncompressed)?
 pub fn is_plain_grpc(headers: &HeaderMap) -> bool {
@@ -56,7 +62,11 @@ pub fn metadata_of(headers: &HeaderMap) -> Result<Vec<(String, MetadataValue)>, 
         let value = if key.ends_with("-bin") {
             let raw = value.as_bytes();
             let decoded = STANDARD_NO_PAD
-                .decode(raw.strip_suffix(b"==").or(raw.strip_suffix(b"=")).unwrap_or(raw))
+                .decode(
+                    raw.strip_suffix(b"==")
+                        .or(raw.strip_suffix(b"="))
+                        .unwrap_or(raw),
+                )
                 .map_err(|_| format!("metadata {key} is not valid base64"))?;
             MetadataValue::Binary(decoded)
         } else {
@@ -72,7 +82,9 @@ pub fn metadata_of(headers: &HeaderMap) -> Result<Vec<(String, MetadataValue)>, 
 
 /// The deadline a `grpc-timeout` header sets ("100m" = 100 ms); None if absent.
 pub fn deadline_of(headers: &HeaderMap, now: Instant) -> Result<Option<Instant>, String> {
-    let Some(value) = headers.get("grpc-timeout") else { return Ok(None) };
+    let Some(value) = headers.get("grpc-timeout") else {
+        return Ok(None);
+    };
     let text = value.to_str().map_err(|_| "bad grpc-timeout".to_owned())?;
     let bad = || format!("bad grpc-timeout {text:?}");
     if text.len() < 2 || text.len() > 9 {
@@ -89,7 +101,10 @@ pub fn deadline_of(headers: &HeaderMap, now: Instant) -> Result<Option<Instant>,
         "n" => Duration::from_nanos(amount),
         _ => return Err(bad()),
     };
-    Ok(Some(now.checked_add(timeout).unwrap_or(now + Duration::from_secs(86400 * 365))))
+    Ok(Some(
+        now.checked_add(timeout)
+            .unwrap_or(now + Duration::from_secs(86400 * 365)),
+    ))
 }
 
 /// Reads length-prefixed messages from a request body.
@@ -106,7 +121,12 @@ where
     B::Error: std::fmt::Display,
 {
     pub fn new(body: B, max_bytes: usize) -> Self {
-        MessageReader { body, buffer: BytesMut::new(), max_bytes, ended: false }
+        MessageReader {
+            body,
+            buffer: BytesMut::new(),
+            max_bytes,
+            ended: false,
+        }
     }
 
     /// The next message, None at the end of the stream, or the status to end
@@ -120,13 +140,19 @@ where
                 return if self.buffer.is_empty() {
                     Ok(None)
                 } else {
-                    Err(Status::new(Code::Internal, "request stream ended inside a message"))
+                    Err(Status::new(
+                        Code::Internal,
+                        "request stream ended inside a message",
+                    ))
                 };
             }
             match self.body.frame().await {
                 None => self.ended = true,
                 Some(Err(e)) => {
-                    return Err(Status::new(Code::Cancelled, format!("request stream failed: {e}")))
+                    return Err(Status::new(
+                        Code::Cancelled,
+                        format!("request stream failed: {e}"),
+                    ))
                 }
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
@@ -142,8 +168,12 @@ where
             return Ok(None);
         }
         let compressed = self.buffer[0];
-        let length = u32::from_be_bytes([self.buffer[1], self.buffer[2], self.buffer[3], self.buffer[4]])
-            as usize;
+        let length = u32::from_be_bytes([
+            self.buffer[1],
+            self.buffer[2],
+            self.buffer[3],
+            self.buffer[4],
+        ]) as usize;
         if compressed != 0 {
             return Err(Status::new(
                 Code::Internal,
@@ -153,7 +183,10 @@ where
         if length > self.max_bytes {
             return Err(Status::new(
                 Code::ResourceExhausted,
-                format!("Received message larger than max ({length} vs. {})", self.max_bytes),
+                format!(
+                    "Received message larger than max ({length} vs. {})",
+                    self.max_bytes
+                ),
             ));
         }
         if self.buffer.len() < 5 + length {
@@ -187,7 +220,9 @@ pub fn status_headers(status: &Status, into: &mut HeaderMap) {
         }
     }
     for (key, value) in &status.trailers {
-        let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else { continue };
+        let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
+            continue;
+        };
         let value = match value {
             MetadataValue::Binary(bytes) => HeaderValue::from_str(&STANDARD.encode(bytes)),
             MetadataValue::Text(text) => HeaderValue::from_str(text),
@@ -225,19 +260,33 @@ mod tests {
     }
 
     fn block<F: std::future::Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
     }
 
     #[test]
     fn messages_split_across_frames_are_reassembled() {
-        let wire = [frame(b"hello").to_vec(), frame(b"").to_vec(), frame(b"world!").to_vec()].concat();
+        let wire = [
+            frame(b"hello").to_vec(),
+            frame(b"").to_vec(),
+            frame(b"world!").to_vec(),
+        ]
+        .concat();
         let (a, b) = wire.split_at(3);
         let (b, c) = b.split_at(9);
         let mut r = reader(&[a, b, c], 100);
         block(async {
-            assert_eq!(r.next().await.unwrap().unwrap(), Bytes::from_static(b"hello"));
+            assert_eq!(
+                r.next().await.unwrap().unwrap(),
+                Bytes::from_static(b"hello")
+            );
             assert_eq!(r.next().await.unwrap().unwrap(), Bytes::new());
-            assert_eq!(r.next().await.unwrap().unwrap(), Bytes::from_static(b"world!"));
+            assert_eq!(
+                r.next().await.unwrap().unwrap(),
+                Bytes::from_static(b"world!")
+            );
             assert!(r.next().await.unwrap().is_none());
         });
     }
@@ -261,9 +310,15 @@ mod tests {
         let now = Instant::now();
         let mut h = HeaderMap::new();
         h.insert("grpc-timeout", HeaderValue::from_static("250m"));
-        assert_eq!(deadline_of(&h, now).unwrap(), Some(now + Duration::from_millis(250)));
+        assert_eq!(
+            deadline_of(&h, now).unwrap(),
+            Some(now + Duration::from_millis(250))
+        );
         h.insert("grpc-timeout", HeaderValue::from_static("2S"));
-        assert_eq!(deadline_of(&h, now).unwrap(), Some(now + Duration::from_secs(2)));
+        assert_eq!(
+            deadline_of(&h, now).unwrap(),
+            Some(now + Duration::from_secs(2))
+        );
         h.insert("grpc-timeout", HeaderValue::from_static("12x"));
         assert!(deadline_of(&h, now).is_err());
         assert_eq!(deadline_of(&HeaderMap::new(), now).unwrap(), None);
@@ -281,7 +336,10 @@ mod tests {
             m,
             vec![
                 ("trace-bin".to_owned(), MetadataValue::Binary(vec![0, 1, 2])),
-                ("x-stratad-tenant".to_owned(), MetadataValue::Text("acme".to_owned())),
+                (
+                    "x-stratad-tenant".to_owned(),
+                    MetadataValue::Text("acme".to_owned())
+                ),
             ]
         );
     }

@@ -31,7 +31,11 @@ pub struct Backend {
 impl Backend {
     pub fn new(path: PathBuf, key: &str) -> Result<Self, String> {
         let key = HeaderValue::from_str(key).map_err(|_| "front key must be printable ASCII")?;
-        Ok(Backend { path, key, sender: Mutex::new(None) })
+        Ok(Backend {
+            path,
+            key,
+            sender: Mutex::new(None),
+        })
     }
 
     async fn sender(&self) -> Result<SendRequest<Incoming>, BoxError> {
@@ -43,7 +47,8 @@ impl Backend {
         }
         let stream = UnixStream::connect(&self.path).await?;
         let (sender, connection) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await?;
         tokio::spawn(connection);
         *slot = Some(sender.clone());
         Ok(sender)

@@ -96,7 +96,13 @@ impl Front {
             TcpListener::from_std(listener)?
         };
         runtime.spawn(accept_loop(listener, shared.clone(), stopped));
-        Ok(Front { runtime: Some(runtime), stop, local_addr, queue, shared })
+        Ok(Front {
+            runtime: Some(runtime),
+            stop,
+            local_addr,
+            queue,
+            shared,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -136,7 +142,11 @@ impl Drop for Front {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) {
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -147,7 +157,12 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stopped: wa
             _ = stopped.changed() => return,
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_connection(stream, peer, shared.clone(), stopped.clone()));
+        tokio::spawn(serve_connection(
+            stream,
+            peer,
+            shared.clone(),
+            stopped.clone(),
+        ));
     }
 }
 
@@ -179,7 +194,11 @@ async fn serve_connection(
     }
 }
 
-async fn handle(request: Request<Incoming>, shared: Arc<Shared>, peer: String) -> Response<ResponseBody> {
+async fn handle(
+    request: Request<Incoming>,
+    shared: Arc<Shared>,
+    peer: String,
+) -> Response<ResponseBody> {
     let path = request.uri().path();
     let native = request.method() == http::Method::POST
         && grpc::is_plain_grpc(request.headers())
@@ -187,13 +206,20 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>, peer: String) -
     if !native {
         return match shared.backend.forward(request, &peer).await {
             Ok(response) => response,
-            Err(e) => trailers_only(&Status::new(Code::Unavailable, format!("daemon backend: {e}"))),
+            Err(e) => trailers_only(&Status::new(
+                Code::Unavailable,
+                format!("daemon backend: {e}"),
+            )),
         };
     }
     serve_native(request, shared, peer).await
 }
 
-async fn serve_native(request: Request<Incoming>, shared: Arc<Shared>, peer: String) -> Response<ResponseBody> {
+async fn serve_native(
+    request: Request<Incoming>,
+    shared: Arc<Shared>,
+    peer: String,
+) -> Response<ResponseBody> {
     let (parts, body) = request.into_parts();
     let method = parts.uri.path().to_owned();
     let metadata = match grpc::metadata_of(&parts.headers) {
@@ -205,7 +231,10 @@ async fn serve_native(request: Request<Incoming>, shared: Arc<Shared>, peer: Str
         Err(e) => return trailers_only(&Status::new(Code::Internal, e)),
     };
     let Some(_slot) = Slot::take(&shared) else {
-        return trailers_only(&Status::new(Code::ResourceExhausted, "Concurrent RPC limit exceeded!"));
+        return trailers_only(&Status::new(
+            Code::ResourceExhausted,
+            "Concurrent RPC limit exceeded!",
+        ));
     };
     let mut reader = MessageReader::new(body, shared.max_message_bytes);
     let (out_tx, out_rx) = mpsc::unbounded_channel();
@@ -213,20 +242,48 @@ async fn serve_native(request: Request<Incoming>, shared: Arc<Shared>, peer: Str
     let started = if shared.unary.contains(&method) {
         let message = match reader.next().await {
             Ok(Some(message)) => message,
-            Ok(None) => return trailers_only(&Status::new(Code::Internal, "missing request message")),
+            Ok(None) => {
+                return trailers_only(&Status::new(Code::Internal, "missing request message"))
+            }
             Err(status) => return trailers_only(&status),
         };
-        let call = Arc::new(CallHandle::new(id, method, metadata, peer, deadline, out_tx, None));
-        Event { kind: EventKind::Started, call, message: Some(message) }
+        let call = Arc::new(CallHandle::new(
+            id, method, metadata, peer, deadline, out_tx, None,
+        ));
+        Event {
+            kind: EventKind::Started,
+            call,
+            message: Some(message),
+        }
     } else {
         let (pull_tx, pull_rx) = mpsc::unbounded_channel();
-        let call = Arc::new(CallHandle::new(id, method, metadata, peer, deadline, out_tx, Some(pull_tx)));
-        tokio::spawn(read_requests(reader, pull_rx, call.clone(), shared.queue.clone()));
-        Event { kind: EventKind::Started, call, message: None }
+        let call = Arc::new(CallHandle::new(
+            id,
+            method,
+            metadata,
+            peer,
+            deadline,
+            out_tx,
+            Some(pull_tx),
+        ));
+        tokio::spawn(read_requests(
+            reader,
+            pull_rx,
+            call.clone(),
+            shared.queue.clone(),
+        ));
+        Event {
+            kind: EventKind::Started,
+            call,
+            message: None,
+        }
     };
     let call = started.call.clone();
     shared.queue.push(started);
-    let guard = CancelOnDrop { call: call.clone(), queue: shared.queue.clone() };
+    let guard = CancelOnDrop {
+        call: call.clone(),
+        queue: shared.queue.clone(),
+    };
     answer(out_rx, guard, deadline, _slot).await
 }
 
@@ -256,7 +313,11 @@ struct CancelOnDrop {
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if self.call.close() {
-            self.queue.push(Event { kind: EventKind::Cancelled, call: self.call.clone(), message: None });
+            self.queue.push(Event {
+                kind: EventKind::Cancelled,
+                call: self.call.clone(),
+                message: None,
+            });
         }
     }
 }
@@ -270,16 +331,26 @@ async fn read_requests(
 ) {
     while pulls.recv().await.is_some() {
         match reader.next().await {
-            Ok(Some(message)) => {
-                queue.push(Event { kind: EventKind::Message, call: call.clone(), message: Some(message) })
-            }
+            Ok(Some(message)) => queue.push(Event {
+                kind: EventKind::Message,
+                call: call.clone(),
+                message: Some(message),
+            }),
             Ok(None) => {
-                queue.push(Event { kind: EventKind::RequestsEnded, call: call.clone(), message: None });
+                queue.push(Event {
+                    kind: EventKind::RequestsEnded,
+                    call: call.clone(),
+                    message: None,
+                });
                 return;
             }
             Err(status) => {
                 call.fail(status);
-                queue.push(Event { kind: EventKind::Cancelled, call: call.clone(), message: None });
+                queue.push(Event {
+                    kind: EventKind::Cancelled,
+                    call: call.clone(),
+                    message: None,
+                });
                 return;
             }
         }
@@ -308,7 +379,14 @@ async fn answer(
         None => trailers_only(&Status::new(Code::Internal, "the daemon dropped the call")),
         Some(Out::Finish(status)) => trailers_only(&status),
         Some(Out::Message(message)) => {
-            let body = AnswerBody { first: Some(message), out, _guard: guard, _slot: slot, done: false, deadline };
+            let body = AnswerBody {
+                first: Some(message),
+                out,
+                _guard: guard,
+                _slot: slot,
+                done: false,
+                deadline,
+            };
             let mut response = Response::new(body.boxed());
             grpc_headers(response.headers_mut());
             response
@@ -329,7 +407,10 @@ impl http_body::Body for AnswerBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.done {
             return Poll::Ready(None);
         }
@@ -338,7 +419,9 @@ impl http_body::Body for AnswerBody {
         }
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
             self.done = true;
-            self._guard.call.fail(Status::new(Code::DeadlineExceeded, "Deadline Exceeded"));
+            self._guard
+                .call
+                .fail(Status::new(Code::DeadlineExceeded, "Deadline Exceeded"));
             return Poll::Ready(Some(Ok(Frame::trailers(status_map(&Status::new(
                 Code::DeadlineExceeded,
                 "Deadline Exceeded",
@@ -346,7 +429,9 @@ impl http_body::Body for AnswerBody {
         }
         match self.out.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Out::Message(message))) => Poll::Ready(Some(Ok(Frame::data(grpc::frame(&message))))),
+            Poll::Ready(Some(Out::Message(message))) => {
+                Poll::Ready(Some(Ok(Frame::data(grpc::frame(&message)))))
+            }
             Poll::Ready(Some(Out::Finish(status))) => {
                 self.done = true;
                 Poll::Ready(Some(Ok(Frame::trailers(status_map(&status)))))
@@ -367,11 +452,18 @@ fn status_map(status: &Status) -> HeaderMap {
 }
 
 fn grpc_headers(headers: &mut HeaderMap) {
-    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
 }
 
 fn trailers_only(status: &Status) -> Response<ResponseBody> {
-    let mut response = Response::new(Empty::<Bytes>::new().map_err(|never| match never {}).boxed());
+    let mut response = Response::new(
+        Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed(),
+    );
     grpc_headers(response.headers_mut());
     grpc::status_headers(status, response.headers_mut());
     response

@@ -48,7 +48,11 @@ impl NativeFront {
             .map_err(|e| PyOSError::new_err(format!("cannot listen on {listen}: {e}")))?;
         let queue = front.queue().clone();
         let port = front.local_addr().port();
-        Ok(NativeFront { front: Mutex::new(Some(front)), queue, port })
+        Ok(NativeFront {
+            front: Mutex::new(Some(front)),
+            queue,
+            port,
+        })
     }
 
     /// The port it listens on (the one chosen, when asked for port 0).
@@ -67,9 +71,15 @@ impl NativeFront {
     /// Every event queued, as `(kind, call, message)` tuples, waiting up to
     /// `timeout` seconds (GIL released) for the first. `[]` on timeout or
     /// after shutdown.
-    fn take_events<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    fn take_events<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: f64,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         if !(timeout.is_finite() && timeout >= 0.0) {
-            return Err(PyValueError::new_err("timeout must be a non-negative number of seconds"));
+            return Err(PyValueError::new_err(
+                "timeout must be a non-negative number of seconds",
+            ));
         }
         let queue = self.queue.clone();
         let events = py.detach(move || queue.take(Duration::from_secs_f64(timeout)));
@@ -97,9 +107,15 @@ impl NativeFront {
     /// progress (the caller keeps answering them meanwhile); then close.
     fn shutdown(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
         if !(grace.is_finite() && grace >= 0.0) {
-            return Err(PyValueError::new_err("grace must be a non-negative number of seconds"));
+            return Err(PyValueError::new_err(
+                "grace must be a non-negative number of seconds",
+            ));
         }
-        let front = self.front.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let front = self
+            .front
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(mut front) = front {
             py.detach(move || front.shutdown(Duration::from_secs_f64(grace)));
         }
@@ -169,7 +185,10 @@ impl FrontCall {
         message: String,
         trailers: Vec<(String, Bound<'_, PyAny>)>,
     ) -> PyResult<bool> {
-        let trailers = trailers.into_iter().map(metadata_value).collect::<PyResult<Vec<_>>>()?;
+        let trailers = trailers
+            .into_iter()
+            .map(metadata_value)
+            .collect::<PyResult<Vec<_>>>()?;
         let response = response.map(bytes::Bytes::copy_from_slice);
         Ok(self.handle.finish(response, code, message, trailers))
     }
@@ -192,5 +211,7 @@ fn metadata_value((key, value): (String, Bound<'_, PyAny>)) -> PyResult<(String,
     if let Ok(text) = value.cast::<PyString>() {
         return Ok((key, MetadataValue::Text(text.to_str()?.to_owned())));
     }
-    Err(PyTypeError::new_err(format!("metadata {key}: value must be str or bytes")))
+    Err(PyTypeError::new_err(format!(
+        "metadata {key}: value must be str or bytes"
+    )))
 }
