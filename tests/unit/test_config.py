@@ -50,6 +50,7 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
     values = {
         "listen": "unix:/run/stratad.sock",
         "listen_unix": "/run/stratad/local.sock",
+        "front": "python",
         "data_dir": "/var/lib/stratad",
         "log_level": "debug",
         "log_format": "json",

@@ -54,6 +54,8 @@ struct Shared {
     max_message_bytes: usize,
     max_concurrent_calls: usize,
     in_progress: AtomicUsize,
+    /// Open client connections: shutdown waits for them to finish their calls.
+    connections: AtomicUsize,
     next_id: AtomicU64,
 }
 
@@ -88,6 +90,7 @@ impl Front {
             max_message_bytes: config.max_message_bytes,
             max_concurrent_calls: config.max_concurrent_calls,
             in_progress: AtomicUsize::new(0),
+            connections: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
         });
         let (stop, stopped) = watch::channel(false);
@@ -119,11 +122,12 @@ impl Front {
     }
 
     /// Stop accepting, let open connections finish their calls (HTTP/2
-    /// GOAWAY) for up to `grace`, then close everything.
+    /// GOAWAY), native and forwarded alike, for up to `grace`, then close
+    /// everything.
     pub fn shutdown(&mut self, grace: Duration) {
         let _ = self.stop.send(true);
         let deadline = Instant::now() + grace;
-        while self.in_progress() > 0 && Instant::now() < deadline {
+        while self.shared.connections.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.queue.close();
@@ -172,6 +176,8 @@ async fn serve_connection(
     shared: Arc<Shared>,
     mut stopped: watch::Receiver<bool>,
 ) {
+    shared.connections.fetch_add(1, Ordering::AcqRel);
+    let _open = OpenConnection(shared.clone());
     let peer = match peer {
         SocketAddr::V4(a) => format!("ipv4:{a}"),
         SocketAddr::V6(a) => format!("ipv6:{a}"),
@@ -285,6 +291,15 @@ async fn serve_native(
         queue: shared.queue.clone(),
     };
     answer(out_rx, guard, deadline, _slot).await
+}
+
+/// Counts a connection as open until its task ends.
+struct OpenConnection(Arc<Shared>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A native call's place in `max_concurrent_calls`, given back on drop.
