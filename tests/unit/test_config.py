@@ -105,6 +105,7 @@ def test_each_layer_alone_sets_every_option(tmp_path: Path, layer: str) -> None:
     assert config == Config(
         listen="unix:/run/stratad.sock",
         listen_unix="unix:/run/stratad/local.sock",
+        front="python",
         data_dir=Path("/var/lib/stratad"),
         log_level="debug",
         log_format="json",
