@@ -26,6 +26,11 @@ use crate::call::{CallHandle, Event, EventKind, EventQueue, Out, Status};
 use crate::grpc::{self, Code, MessageReader};
 use crate::proxy::Backend;
 
+/// HTTP/2 flow-control windows: a client may send this much on one call, and
+/// on all its calls together, before the daemon has read it.
+const STREAM_WINDOW: u32 = 1 << 20;
+const CONNECTION_WINDOW: u32 = 8 << 20;
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ResponseBody = BoxBody<Bytes, BoxError>;
 
@@ -188,7 +193,12 @@ async fn serve_connection(
         async move { Ok::<_, Infallible>(handle(request, shared, peer).await) }
     });
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder.adaptive_window(true).max_header_list_size(16 << 10);
+    // Fixed windows, not BDP probing: probing pings every connection while it
+    // ramps up, which costs both sides CPU on the first thousands of calls.
+    builder
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_header_list_size(16 << 10);
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     tokio::select! {
@@ -275,7 +285,7 @@ async fn serve_native(
         tokio::spawn(read_requests(
             reader,
             pull_rx,
-            call.clone(),
+            Arc::downgrade(&call),
             shared.queue.clone(),
         ));
         Event {
@@ -337,15 +347,20 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Feed a stream's requests to the daemon, one per `pull`.
+/// Feed a stream's requests to the daemon, one per `pull`. Holds the call
+/// weakly: once nobody else holds it (answered, or cancelled and dropped by
+/// the daemon), its pull sender goes with it and this task ends, even if the
+/// client never finished sending.
 async fn read_requests(
     mut reader: MessageReader<Incoming>,
     mut pulls: mpsc::UnboundedReceiver<()>,
-    call: Arc<CallHandle>,
+    call: std::sync::Weak<CallHandle>,
     queue: Arc<EventQueue>,
 ) {
     while pulls.recv().await.is_some() {
-        match reader.next().await {
+        let next = reader.next().await;
+        let Some(call) = call.upgrade() else { return };
+        match next {
             Ok(Some(message)) => queue.push(Event {
                 kind: EventKind::Message,
                 call: call.clone(),

@@ -180,6 +180,7 @@ impl FrontCall {
     #[pyo3(signature = (response, code, message, trailers=Vec::new()))]
     fn finish(
         &self,
+        py: Python<'_>,
         response: Option<&[u8]>,
         code: u32,
         message: String,
@@ -190,7 +191,9 @@ impl FrontCall {
             .map(metadata_value)
             .collect::<PyResult<Vec<_>>>()?;
         let response = response.map(bytes::Bytes::copy_from_slice);
-        Ok(self.handle.finish(response, code, message, trailers))
+        // Without the GIL: waking the server thread that answers may switch
+        // this core to it, and the event loop's GIL must not wait on that.
+        Ok(py.detach(|| self.handle.finish(response, code, message, trailers)))
     }
 
     /// Ask for the next request message of a stream.
