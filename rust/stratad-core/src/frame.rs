@@ -7,9 +7,9 @@
 //! misread (for example as a huge length), and whatever happens to the
 //! payload, data is returned only when it has the recorded digest.
 
-use zstd::zstd_safe::{self, CCtx, CParameter, ResetDirective};
+use zstd::zstd_safe::{self, CParameter};
 
-use crate::compress::{decompress_exact, new_cctx, validate_level, zstd_error_name};
+use crate::compress::{decompress_exact, validate_level, with_cctx, zstd_error_name};
 use crate::digest::{digest, DIGEST_SIZE};
 use crate::error::{Error, Result};
 
@@ -93,10 +93,8 @@ pub fn parse_header(frame: &[u8]) -> Result<FrameHeader> {
     })
 }
 
-/// Encodes frames, reusing one zstd context (a context is not thread-safe:
-/// use one encoder per thread).
+/// Encodes frames at one level, with the thread's reused zstd context.
 pub struct FrameEncoder {
-    cctx: CCtx<'static>,
     level: i32,
 }
 
@@ -104,10 +102,7 @@ impl FrameEncoder {
     /// An encoder compressing at `level` (zstd's range).
     pub fn new(level: i32) -> Result<Self> {
         validate_level(level)?;
-        Ok(Self {
-            cctx: new_cctx()?,
-            level,
-        })
+        Ok(Self { level })
     }
 
     /// Frames `data`: codec zstd when that is smaller than `data`, else raw.
@@ -135,20 +130,20 @@ impl FrameEncoder {
             return Ok(None);
         }
         let internal = |code: usize| Error::Internal(format!("zstd: {}", zstd_error_name(code)));
-        let cctx = &mut self.cctx;
-        cctx.reset(ResetDirective::SessionAndParameters)
-            .map_err(internal)?;
-        cctx.set_parameter(CParameter::CompressionLevel(self.level))
-            .map_err(internal)?;
-        cctx.set_parameter(CParameter::ContentSizeFlag(true))
-            .map_err(internal)?;
-        cctx.set_parameter(CParameter::ChecksumFlag(false))
-            .map_err(internal)?;
-        // Full room: zstd may need more space while compressing than the
-        // frame it finally writes (a tighter buffer can fail spuriously).
-        let mut out = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
-        cctx.compress2(&mut out, data).map_err(internal)?;
-        Ok((out.len() < data.len()).then_some(out))
+        let level = self.level;
+        with_cctx(|cctx| {
+            cctx.set_parameter(CParameter::CompressionLevel(level))
+                .map_err(internal)?;
+            cctx.set_parameter(CParameter::ContentSizeFlag(true))
+                .map_err(internal)?;
+            cctx.set_parameter(CParameter::ChecksumFlag(false))
+                .map_err(internal)?;
+            // Full room: zstd may need more space while compressing than the
+            // frame it finally writes (a tighter buffer can fail spuriously).
+            let mut out = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
+            cctx.compress2(&mut out, data).map_err(internal)?;
+            Ok((out.len() < data.len()).then_some(out))
+        })
     }
 }
 
