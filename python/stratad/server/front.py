@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -196,12 +196,17 @@ class FrontContext:
         self._call.finish(response, code.value[0], self._details, list(self._trailers))
 
 
-@dataclass
 class _Active:
-    call: Any
-    task: asyncio.Task[None] | None = None
-    inbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
-    context: FrontContext | None = None
+    """A call being served: its task, and for a stream the requests arrived."""
+
+    __slots__ = ("call", "context", "inbox", "task")
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.task: asyncio.Task[None] | None = None
+        self.context: FrontContext | None = None
+        # Only streams get requests after the start.
+        self.inbox: asyncio.Queue[bytes | None] | None = None if call.unary else asyncio.Queue()
 
 
 class FrontDoor:
@@ -261,9 +266,9 @@ class FrontDoor:
             found = self._calls.get(call.id)
             if found is None:
                 continue
-            if kind == MESSAGE:
+            if kind == MESSAGE and found.inbox is not None:
                 found.inbox.put_nowait(message)
-            elif kind == REQUESTS_ENDED:
+            elif kind == REQUESTS_ENDED and found.inbox is not None:
                 found.inbox.put_nowait(None)
             elif kind == CANCELLED and found.task is not None:
                 if found.context is not None:
@@ -320,10 +325,12 @@ class FrontDoor:
 
     async def _requests(self, handler: Any, active: _Active) -> AsyncIterator[Any]:
         deserialize = handler.request_deserializer
+        inbox = active.inbox
+        assert inbox is not None, "a stream's _Active has an inbox"
         for _ in range(STREAM_PREFETCH):
             active.call.pull()
         while True:
-            message = await active.inbox.get()
+            message = await inbox.get()
             if message is None:
                 return
             active.call.pull()
