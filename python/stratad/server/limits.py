@@ -55,7 +55,7 @@ import grpc.aio
 
 from stratad.api.v1 import checkpoint_pb2
 from stratad.errors import ResourceExhaustedError
-from stratad.server.interceptors import UndecodableRequest
+from stratad.server.interceptors import HandlerCache, UndecodableRequest
 
 Behavior = Callable[[Any, Any], Any]
 Continuation = Callable[[Any], Awaitable[Any]]
@@ -144,12 +144,16 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, budget: InflightBudget) -> None:
         self.budget = budget
+        self._handlers = HandlerCache(self._charged)
 
     async def intercept_service(self, continuation: Continuation, handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method.startswith(EXEMPT_PREFIXES):
             return handler
+        return self._handlers.wrapped(handler, method)
+
+    def _charged(self, handler: Any, method: str) -> Any:
         return _charged_handler(handler, self.budget, method)
 
 
