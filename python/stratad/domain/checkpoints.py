@@ -782,11 +782,15 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def validate_namespace(namespace: str) -> None:
+    if namespace == "":  # the default namespace, on most saves
+        return
     if len(namespace) > MAX_NAME or any(ord(ch) < 32 for ch in namespace):
         raise InvalidArgumentError("namespace must be at most 256 printable characters")
 
 
 def validate_metadata(metadata: dict[str, Any]) -> None:
+    if metadata == {}:  # none, on most saves: nothing to encode
+        return
     try:
         encoded = json.dumps(metadata, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

@@ -198,10 +198,8 @@ async def _start(
         options=server_options(config),
         maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
     )
-    recorder = MethodRecorder()  # the handlers, for the native front door
-    app_names = [
-        _add_service(server, registration, resources, recorder) for registration in services
-    ]
+    recorder = MethodRecorder(server)  # the handlers, for the native front door too
+    app_names = [_add_service(registration, resources, recorder) for registration in services]
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     all_names = [*app_names, HEALTH_SERVICE_NAME]
@@ -314,11 +312,9 @@ def server_options(config: Config) -> list[tuple[str, int]]:
 
 
 def _add_service(
-    server: Any, registration: ServiceRegistration, resources: Resources, recorder: MethodRecorder
+    registration: ServiceRegistration, resources: Resources, recorder: MethodRecorder
 ) -> str:
-    servicer = registration.servicer_factory(resources)
-    registration.add_fn(servicer, server)
-    registration.add_fn(servicer, recorder)
+    registration.add_fn(registration.servicer_factory(resources), recorder)
     return registration.name
 
 

@@ -46,7 +46,7 @@ from stratad.config import AuthMode, ConfigError
 from stratad.domain.ids import validate_id
 from stratad.errors import PermissionDeniedError, StratadError, UnauthenticatedError
 from stratad.server.front import forwarded_peer
-from stratad.server.interceptors import settle_tenant
+from stratad.server.interceptors import HandlerCache, settle_tenant
 
 _log = logging.getLogger(__name__)
 audit_log = logging.getLogger("stratad.audit")
@@ -313,12 +313,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             raise ValueError(f"auth = {mode!r} needs an identities file")
         self._mode = mode
         self._identities = identities
+        # Every check happens when the call runs (`_enter`, with its context):
+        # the guarded handler depends only on the method, so it is built once.
+        self._handlers = HandlerCache(self._guarded)
 
     async def intercept_service(self, continuation: Continuation, handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method = str(handler_call_details.method)
+        return self._handlers.wrapped(handler, str(handler_call_details.method))
+
+    def _guarded(self, handler: Any, method: str) -> Any:
         service = method.lstrip("/").rpartition("/")[0]
         admin = service == ADMIN_SERVICE
         if service == HEALTH_SERVICE or (self._mode == "off" and not admin):

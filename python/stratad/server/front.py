@@ -79,20 +79,27 @@ class FrontBackend:
 
 
 class MethodRecorder:
-    """Stands in for a grpc server in the generated ``add_*_to_server``
-    functions, to learn every method's handler."""
+    """Passed to the generated ``add_*_to_server`` functions in place of the
+    grpc.aio server: hands everything on to it and notes every registered
+    method's handler, so that the front door and grpc.aio serve a method with
+    the very same handler object (the interceptors cache their wrappers by it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: Any) -> None:
+        self._server = server
         self.handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def add_generic_rpc_handlers(self, handlers: Iterable[Any]) -> None:
-        pass  # the same handlers come again through add_registered_method_handlers
+        self._server.add_generic_rpc_handlers(handlers)
 
     def add_registered_method_handlers(
         self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
+        self._server.add_registered_method_handlers(service, handlers)
         for name, handler in handlers.items():
             self.handlers[f"/{service}/{name}"] = handler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
 
 
 def native_methods(

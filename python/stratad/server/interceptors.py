@@ -67,6 +67,40 @@ Continuation = Callable[[Any], Awaitable[Any]]
 _LOUD_STATUSES = frozenset({"INTERNAL", "DATA_LOSS", "UNKNOWN"})
 
 
+#: Methods whose wrapped handlers a `HandlerCache` keeps: a bound in case a
+#: generic handler answers any method name a client makes up.
+HANDLER_CACHE_SIZE = 1024
+
+
+class HandlerCache:
+    """Wrapped handlers by method, for interceptors whose wrapping depends only
+    on the method and its handler, never on the call.
+
+    grpc.aio calls `intercept_service` on every call. Building the wrappers
+    each time (closures, a new RpcMethodHandler, inspect's tests of the
+    behavior's kind) cost the event loop about as much as the interceptors'
+    work during the call. A method resolves to the same handler object call
+    after call (the registered one, or the next interceptor's cached wrapper),
+    so one entry per method is kept, and rebuilt if its handler changes.
+    """
+
+    def __init__(self, wrap: Callable[[Any, str], Any]) -> None:
+        self._wrap = wrap
+        self._entries: dict[str, tuple[Any, Any]] = {}
+
+    def wrapped(self, handler: Any, method: str) -> Any:
+        """`wrap(handler, method)`, built once per method and handler."""
+        entry = self._entries.get(method)
+        if entry is not None and entry[0] is handler:
+            return entry[1]
+        if len(self._entries) >= HANDLER_CACHE_SIZE:
+            self._entries.clear()
+        wrapped = self._wrap(handler, method)
+        # The handler itself is kept, not its id(): an id can be reused.
+        self._entries[method] = (handler, wrapped)
+        return wrapped
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Map exceptions raised by handlers of every kind to gRPC statuses.
 
@@ -75,11 +109,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     `UnauthenticatedError`.
     """
 
+    def __init__(self) -> None:
+        self._handlers = HandlerCache(_wrap_handler)
+
     async def intercept_service(self, continuation: Continuation, handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
             return None
-        return _wrap_handler(handler, handler_call_details.method)
+        return self._handlers.wrapped(handler, handler_call_details.method)
 
 
 class UndecodableRequest:
@@ -340,24 +377,22 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, observers: Iterable[CallObserver] = ()) -> None:
         self._observers: Sequence[CallObserver] = tuple(observers)
+        self._handlers = HandlerCache(self._observed)
 
     async def intercept_service(self, continuation: Continuation, handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        call = _call_info(handler, handler_call_details)
-        return _observe_handler(handler, call, self._observers)
+        return self._handlers.wrapped(handler, str(handler_call_details.method))
+
+    def _observed(self, handler: Any, method: str) -> Any:
+        return _observe_handler(handler, _method_info(handler, method), self._observers)
 
 
-def _call_info(handler: Any, details: Any) -> CallInfo:
-    method = str(details.method)
+def _method_info(handler: Any, method: str) -> CallInfo:
+    """What every call of `method` shares: its CallInfo but the tenant and request ID,
+    which come from each call's metadata (`_call_info`)."""
     service, _, name = method.lstrip("/").rpartition("/")
-    tenant = request_id = ""
-    for key, value in details.invocation_metadata or ():
-        if key == TENANT_METADATA_KEY:
-            tenant = str(value)
-        elif key == REQUEST_ID_METADATA_KEY:
-            request_id = _printable(str(value))[:_MAX_REQUEST_ID]
     if handler.request_streaming and handler.response_streaming:
         kind = "bidi_stream"
     elif handler.request_streaming:
@@ -366,7 +401,20 @@ def _call_info(handler: Any, details: Any) -> CallInfo:
         kind = "server_stream"
     else:
         kind = "unary"
-    return CallInfo(method, service, name, kind, tenant or "default", request_id)
+    return CallInfo(method, service, name, kind, "", "")
+
+
+def _call_info(method: CallInfo, context: Any) -> CallInfo:
+    """The CallInfo of one call of `method`: its tenant and request ID from its metadata."""
+    tenant = request_id = ""
+    for key, value in context.invocation_metadata() or ():
+        if key == TENANT_METADATA_KEY:
+            tenant = str(value)
+        elif key == REQUEST_ID_METADATA_KEY:
+            request_id = _printable(str(value))[:_MAX_REQUEST_ID]
+    return CallInfo(
+        method.method, method.service, method.name, method.kind, tenant or "default", request_id
+    )
 
 
 def _printable(text: str) -> str:
@@ -376,8 +424,8 @@ def _printable(text: str) -> str:
 class _Watch:
     """One call being observed: started now, finished once."""
 
-    def __init__(self, call: CallInfo, observers: Sequence[CallObserver]) -> None:
-        self.call = call
+    def __init__(self, method: CallInfo, context: Any, observers: Sequence[CallObserver]) -> None:
+        call = self.call = _call_info(method, context)
         self.observers = observers
         self.session = ""
         self.started = time.perf_counter()
@@ -475,35 +523,35 @@ def _log_request(result: CallResult) -> None:
     )
 
 
-def _observe_handler(handler: Any, call: CallInfo, observers: Sequence[CallObserver]) -> Any:
+def _observe_handler(handler: Any, method: CallInfo, observers: Sequence[CallObserver]) -> Any:
     kwargs = {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(
-            _observe_stream_response(handler.stream_stream, call, observers, False), **kwargs
+            _observe_stream_response(handler.stream_stream, method, observers, False), **kwargs
         )
     if handler.request_streaming:
         return grpc.stream_unary_rpc_method_handler(
-            _observe_unary_response(handler.stream_unary, call, observers, False), **kwargs
+            _observe_unary_response(handler.stream_unary, method, observers, False), **kwargs
         )
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(
-            _observe_stream_response(handler.unary_stream, call, observers, True), **kwargs
+            _observe_stream_response(handler.unary_stream, method, observers, True), **kwargs
         )
     return grpc.unary_unary_rpc_method_handler(
-        _observe_unary_response(handler.unary_unary, call, observers, True), **kwargs
+        _observe_unary_response(handler.unary_unary, method, observers, True), **kwargs
     )
 
 
 def _observe_unary_response(
-    behavior: Behavior, call: CallInfo, observers: Sequence[CallObserver], unary_request: bool
+    behavior: Behavior, method: CallInfo, observers: Sequence[CallObserver], unary_request: bool
 ) -> Behavior:
     if _is_async(behavior):
 
         async def async_unary(request: Any, context: Any) -> Any:
-            watch = _Watch(call, observers)
+            watch = _Watch(method, context, observers)
             if unary_request:
                 watch.request(request)
             try:
@@ -517,7 +565,7 @@ def _observe_unary_response(
         return async_unary
 
     def sync_unary(request: Any, context: Any) -> Any:
-        watch = _Watch(call, observers)
+        watch = _Watch(method, context, observers)
         if unary_request:
             watch.request(request)
         try:
@@ -532,12 +580,12 @@ def _observe_unary_response(
 
 
 def _observe_stream_response(
-    behavior: Behavior, call: CallInfo, observers: Sequence[CallObserver], unary_request: bool
+    behavior: Behavior, method: CallInfo, observers: Sequence[CallObserver], unary_request: bool
 ) -> Behavior:
     if inspect.iscoroutinefunction(behavior):
 
         async def writer(request: Any, context: Any) -> None:
-            watch = _Watch(call, observers)
+            watch = _Watch(method, context, observers)
             if unary_request:
                 watch.request(request)
             try:
@@ -552,7 +600,7 @@ def _observe_stream_response(
     if inspect.isasyncgenfunction(behavior):
 
         async def async_generator(request: Any, context: Any) -> AsyncIterator[Any]:
-            watch = _Watch(call, observers)
+            watch = _Watch(method, context, observers)
             if unary_request:
                 watch.request(request)
             try:
@@ -566,7 +614,7 @@ def _observe_stream_response(
         return async_generator
 
     def sync_generator(request: Any, context: Any) -> Iterator[Any]:
-        watch = _Watch(call, observers)
+        watch = _Watch(method, context, observers)
         if unary_request:
             watch.request(request)
         try:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import collections
 import inspect
 import threading
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
@@ -55,7 +54,7 @@ import grpc.aio
 
 from stratad.api.v1 import checkpoint_pb2
 from stratad.errors import ResourceExhaustedError
-from stratad.server.interceptors import UndecodableRequest
+from stratad.server.interceptors import HandlerCache, UndecodableRequest
 
 Behavior = Callable[[Any, Any], Any]
 Continuation = Callable[[Any], Awaitable[Any]]
@@ -122,13 +121,27 @@ class InflightBudget:
 class _Held:
     """A decoded request and its charge: released once, explicitly or when dropped."""
 
-    __slots__ = ("__weakref__", "message", "release")
+    __slots__ = ("_budget", "_charge", "message")
 
     def __init__(self, message: Any, budget: InflightBudget, charge: int) -> None:
         self.message = message
-        # A finalizer runs at most once: at release(), or when the request is
-        # garbage (a call cancelled between decoding and its handler).
-        self.release = weakref.finalize(self, budget.release, charge)
+        self._budget = budget
+        # list.pop is atomic: the charge is released at most once, whoever
+        # calls first. (Not weakref.finalize: it cost more than the rest of
+        # the admission together, on every request.)
+        self._charge = [charge]
+
+    def release(self) -> None:
+        try:
+            charge = self._charge.pop()
+        except IndexError:
+            return  # released already
+        self._budget.release(charge)
+
+    def __del__(self) -> None:
+        # Garbage before its release (a call cancelled between decoding and
+        # its handler): the budget must not leak.
+        self.release()
 
 
 def declared_bytes(message: Any) -> int:
@@ -144,12 +157,16 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, budget: InflightBudget) -> None:
         self.budget = budget
+        self._handlers = HandlerCache(self._charged)
 
     async def intercept_service(self, continuation: Continuation, handler_call_details: Any) -> Any:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method.startswith(EXEMPT_PREFIXES):
             return handler
+        return self._handlers.wrapped(handler, method)
+
+    def _charged(self, handler: Any, method: str) -> Any:
         return _charged_handler(handler, self.budget, method)
 
 

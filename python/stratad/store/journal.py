@@ -129,9 +129,14 @@ class Record:
         return cls(kind=kind, body=body, blobs=blobs)
 
 
+#: Encodes every record body: json.dumps with `separators` would build an
+#: encoder per record (the same output: the other settings are its defaults).
+_BODY_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode_body(fields: dict[str, Any]) -> bytes:
     """A record's body as stored: its JSON, compressed when that pays (see the module doc)."""
-    text = json.dumps(fields, separators=(",", ":")).encode()
+    text = _BODY_JSON.encode(fields).encode()
     if COMPRESS_MIN_BYTES <= len(text) <= MAX_COMPRESSED_BODY_BYTES:
         packed = native.compress(text, COMPRESS_LEVEL)
         if len(packed) < len(text):
@@ -397,7 +402,7 @@ class Journal:
         with tracing.span("stratad.journal.append", {"stratad.bytes": size}), self._append_lock:
             start = self._size
             try:
-                _write_pieces(self._fd, pieces)
+                _write_pieces(self._fd, pieces, size)
             except OSError as exc:
                 # Never leave a partial record behind a later good one.
                 with contextlib.suppress(OSError):
@@ -511,17 +516,28 @@ def fsync_dir_or_trip(path: Path, fail_stop: FailStop) -> None:
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 
 
-def _write_pieces(fd: int, pieces: list[bytes]) -> None:
-    """Write the pieces in order with writev, resuming after a short write."""
+def _write_pieces(fd: int, pieces: list[bytes], size: int) -> None:
+    """Write the pieces (`size` bytes in all) in order with writev."""
+    # One writev of the pieces as they are almost always writes them all: the
+    # views that resume after a short write are built only when one happens.
+    written = os.writev(fd, pieces) if len(pieces) <= _IOV_MAX else 0
+    if written < size:
+        _write_after(fd, pieces, written)
+
+
+def _write_after(fd: int, pieces: list[bytes], written: int) -> None:
+    """Write the pieces but their first `written` bytes, resuming after short writes."""
     views = collections.deque(memoryview(piece) for piece in pieces if piece)
-    while views:
-        written = os.writev(fd, list(itertools.islice(views, _IOV_MAX)))
+    while True:
         while written:
             if written >= len(views[0]):
                 written -= len(views.popleft())
             else:
                 views[0] = views[0][written:]
                 written = 0
+        if not views:
+            return
+        written = os.writev(fd, list(itertools.islice(views, _IOV_MAX)))
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -29,6 +29,8 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
 
 def struct_to_dict(value: struct_pb2.Struct, what: str = "metadata") -> dict[str, Any]:
     """A request's Struct as a dict: INVALID_ARGUMENT for NaN, infinities or over-deep nesting."""
+    if not value.fields:  # most requests send none: skip the walk and the conversion
+        return {}
     check_json(value, what)  # MessageToDict raises ValueError on NaN and recurses
     return json_format.MessageToDict(value)
 
