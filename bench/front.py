@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import resource
 import sys
@@ -95,14 +96,19 @@ def echo_run(address: str, per_client: int) -> Callable[[], Awaitable[cb.Concurr
 
 
 def stratad_run(address: str, per_client: int) -> Callable[[], Awaitable[cb.ConcurrencyResult]]:
+    rounds = itertools.count()
+
     async def run() -> cb.ConcurrencyResult:
+        # New sessions and new states every round: nothing deduplicates
+        # against an earlier round (as in bench/checkpoints.py's one round).
+        first = next(rounds) * per_client
         tag = uuid.uuid4().hex[:8]
         clients = [stratad.AsyncClient(address, chunked_uploads=False) for _ in range(CLIENTS)]
         for c, client in enumerate(clients):
             await client.create_session(f"{tag}-{c}")
 
         async def one(c: int, i: int) -> None:
-            await clients[c].save_state(f"{tag}-{c}", cb.eight_kb_state(c, i))
+            await clients[c].save_state(f"{tag}-{c}", cb.eight_kb_state(c, first + i))
 
         try:
             return await cb.drive("save", per_client, one)

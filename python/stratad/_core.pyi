@@ -206,9 +206,11 @@ class NativeFront:
         """Native calls accepted and not yet answered."""
     @property
     def closed(self) -> bool: ...
-    def take_events(self, timeout: float) -> list[tuple[int, FrontCall, bytes | None]]:
-        """Every queued event as (kind, call, message), waiting up to `timeout` s
-        (GIL released) for the first; [] on timeout or after shutdown."""
+    @property
+    def wake_fd(self) -> int:
+        """Readable when events are queued: read it empty, then take_events()."""
+    def take_events(self) -> list[tuple[int, FrontCall, bytes | None]]:
+        """Every queued event as (kind, call, message); [] if none."""
     def shutdown(self, grace: float) -> None:
         """Stop accepting; wait up to `grace` s for calls in progress; close."""
 

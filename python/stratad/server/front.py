@@ -6,12 +6,13 @@ framing as stratad spends on the save itself, under the same GIL
 by `stratad.native.NativeFront` (rust/stratad-front) instead:
 
 - every unary and bidi-streaming method of stratad's own services is served
-  natively: the Rust server reads the request messages and queues them; a
-  dispatcher thread here takes the queued events in batches and hands each
-  batch to the event loop with one wake-up; the loop runs the *same* handler
-  grpc.aio would run, through the same interceptors (auth, limits, metrics,
-  request log, error mapping), with a `FrontContext` in place of grpc.aio's
-  ServicerContext; the encoded answer and status go back to Rust;
+  natively: the Rust server reads the request messages and queues them, and
+  the first event after a quiet spell writes a byte to a socket the event
+  loop watches; the loop then takes every queued event at once and runs the
+  *same* handler grpc.aio would run, through the same interceptors (auth,
+  limits, metrics, request log, error mapping), with a `FrontContext` in
+  place of grpc.aio's ServicerContext; the encoded answer and status go back
+  to Rust;
 - every other call (health, reflection, server streams, compressed calls) is
   forwarded unchanged to the daemon's grpc.aio server, which listens on a
   private unix socket only; the real caller's address travels with it in
@@ -21,13 +22,14 @@ by `stratad.native.NativeFront` (rust/stratad-front) instead:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
+import os
 import secrets
 import shutil
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -231,8 +233,8 @@ class FrontDoor:
         self._interceptors = tuple(interceptors)
         self._loop = loop
         self._calls: dict[int, _Active] = {}
-        self._thread = threading.Thread(target=self._pump, name="stratad-front", daemon=True)
-        self._thread.start()
+        self._wake_fd = native.wake_fd
+        loop.add_reader(self._wake_fd, self._on_wake)
 
     @property
     def port(self) -> int:
@@ -240,30 +242,21 @@ class FrontDoor:
 
     async def stop(self, grace: float | None) -> None:
         """Stop accepting; give calls in progress up to ``grace`` seconds; close."""
+        # On a thread: the loop keeps serving the calls in progress meanwhile.
         await asyncio.to_thread(self._native.shutdown, 0.0 if grace is None else grace)
+        self._loop.remove_reader(self._wake_fd)
         for active in list(self._calls.values()):
             if active.task is not None:
                 active.task.cancel()
-        await asyncio.to_thread(self._thread.join, 10)
-
-    # --- the dispatcher thread ---------------------------------------------------------
-
-    def _pump(self) -> None:
-        """Take queued events in batches (the GIL is free while waiting) and hand
-        each batch to the loop with one wake-up."""
-        while True:
-            events = self._native.take_events(0.5)
-            if events:
-                try:
-                    self._loop.call_soon_threadsafe(self._on_events, events)
-                except RuntimeError:  # the loop is closed: nobody left to answer
-                    return
-            elif self._native.closed:
-                return
 
     # --- on the event loop -------------------------------------------------------------
 
-    def _on_events(self, events: list[tuple[int, Any, bytes | None]]) -> None:
+    def _on_wake(self) -> None:
+        """Events are queued: take them all (one wake-up serves every call
+        that arrived meanwhile)."""
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_fd, 4096)  # first, so a later byte means a later event
+        events = self._native.take_events()
         for kind, call, message in events:
             if kind == STARTED:
                 active = _Active(call)

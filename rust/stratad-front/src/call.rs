@@ -1,8 +1,11 @@
 //! Calls and the event queue between the HTTP/2 server and the daemon.
 
 use std::collections::VecDeque;
+use std::io::Write;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -166,39 +169,70 @@ pub struct Event {
     pub message: Option<Bytes>,
 }
 
-/// Events from the server's threads to the daemon, taken in batches: one
-/// wake-up of the daemon's dispatcher serves every call that arrived meanwhile.
-#[derive(Default)]
+/// Events from the server's threads to the daemon, taken in batches.
+///
+/// The daemon watches [`EventQueue::wake_fd`] in its event loop: the first
+/// event pushed after a `take` writes one byte to it, so the loop wakes once
+/// and takes every event that arrived meanwhile, on its own thread (no
+/// dispatcher thread, no hand-off of the GIL).
 pub struct EventQueue {
-    events: Mutex<VecDeque<Event>>,
-    ready: Condvar,
+    pending: Mutex<Pending>,
     closed: AtomicBool,
+    wake_tx: UnixStream,
+    wake_rx: UnixStream,
+}
+
+#[derive(Default)]
+struct Pending {
+    events: VecDeque<Event>,
+    /// A wake-up byte was written since the last `take`.
+    signalled: bool,
 }
 
 impl EventQueue {
-    pub(crate) fn push(&self, event: Event) {
-        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        events.push_back(event);
-        drop(events);
-        self.ready.notify_one();
+    pub(crate) fn new() -> std::io::Result<Self> {
+        let (wake_tx, wake_rx) = UnixStream::pair()?;
+        wake_tx.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        Ok(EventQueue {
+            pending: Mutex::default(),
+            closed: AtomicBool::new(false),
+            wake_tx,
+            wake_rx,
+        })
     }
 
-    /// Every queued event, waiting up to `timeout` for the first. Empty on
-    /// timeout or once closed and drained.
-    pub fn take(&self, timeout: Duration) -> Vec<Event> {
-        let events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        let (mut events, _) = self
-            .ready
-            .wait_timeout_while(events, timeout, |e| {
-                e.is_empty() && !self.closed.load(Ordering::Acquire)
-            })
-            .unwrap_or_else(PoisonError::into_inner);
-        events.drain(..).collect()
+    pub(crate) fn push(&self, event: Event) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.events.push_back(event);
+        let wake = !std::mem::replace(&mut pending.signalled, true);
+        drop(pending);
+        if wake {
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
+        // Never blocks; a full socket buffer already holds wake-ups.
+        let _ = (&self.wake_tx).write(&[1]);
+    }
+
+    /// Every queued event (none: an empty Vec). Read the wake-up bytes from
+    /// `wake_fd` first, so that a byte written after this is a new event's.
+    pub fn take(&self) -> Vec<Event> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.signalled = false;
+        pending.events.drain(..).collect()
+    }
+
+    /// The descriptor to watch for events (readable: call `take`).
+    pub fn wake_fd(&self) -> RawFd {
+        self.wake_rx.as_raw_fd()
     }
 
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        self.ready.notify_all();
+        self.wake();
     }
 
     pub fn is_closed(&self) -> bool {

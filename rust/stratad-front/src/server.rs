@@ -84,7 +84,7 @@ impl Front {
         let listener = std::net::TcpListener::bind(&config.listen)?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
-        let queue = Arc::new(EventQueue::default());
+        let queue = Arc::new(EventQueue::new()?);
         let backend = Backend::new(config.backend, &config.front_key)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let shared = Arc::new(Shared {

@@ -68,21 +68,10 @@ impl NativeFront {
         front.as_ref().map_or(0, Front::in_progress)
     }
 
-    /// Every event queued, as `(kind, call, message)` tuples, waiting up to
-    /// `timeout` seconds (GIL released) for the first. `[]` on timeout or
-    /// after shutdown.
-    fn take_events<'py>(
-        &self,
-        py: Python<'py>,
-        timeout: f64,
-    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        if !(timeout.is_finite() && timeout >= 0.0) {
-            return Err(PyValueError::new_err(
-                "timeout must be a non-negative number of seconds",
-            ));
-        }
-        let queue = self.queue.clone();
-        let events = py.detach(move || queue.take(Duration::from_secs_f64(timeout)));
+    /// Every event queued, as `(kind, call, message)` tuples (`[]` if none).
+    /// Call it when `wake_fd` is readable, after reading what it holds.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let events = self.queue.take();
         events
             .into_iter()
             .map(|event| {
@@ -96,6 +85,13 @@ impl NativeFront {
                 PyTuple::new(py, [kind, call, message])
             })
             .collect()
+    }
+
+    /// Readable when events are queued: watch it (e.g. `loop.add_reader`),
+    /// read it empty, then `take_events`.
+    #[getter]
+    fn wake_fd(&self) -> i32 {
+        self.queue.wake_fd()
     }
 
     #[getter]
