@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import resource
 import sqlite3
 import sys
 import tempfile
@@ -231,10 +233,15 @@ class ConcurrencyResult:
     calls: int
     seconds: float
     latencies: list[float]
+    #: calls/s of each measured round (bench_concurrency); empty for one run.
+    rounds: list[float] = dataclasses.field(default_factory=list)
+    #: This process's (the clients') CPU seconds per call over the rounds.
+    client_cpu: float = 0.0
 
     @property
     def throughput(self) -> float:
-        return self.calls / self.seconds
+        """The median round's calls/s (the one run's without rounds)."""
+        return median(self.rounds) if self.rounds else self.calls / self.seconds
 
 
 def eight_kb_state(client: int, i: int) -> bytes:
@@ -275,13 +282,14 @@ async def echo_unary(address: str, per_client: int) -> ConcurrencyResult:
             await ch.close()
 
 
-async def stratad_unary(address: str, per_client: int) -> ConcurrencyResult:
+async def stratad_unary(address: str, per_client: int, round_no: int = 0) -> ConcurrencyResult:
     clients = [stratad.AsyncClient(address, chunked_uploads=False) for _ in range(CLIENTS)]
     for c, client in enumerate(clients):
-        await client.create_session(f"unary-{c}")
+        await client.create_session(f"unary-{round_no}-{c}")
+    first = round_no * per_client  # new states every round: nothing dedups across rounds
 
     async def one(c: int, i: int) -> None:
-        await clients[c].save_state(f"unary-{c}", eight_kb_state(c, i))
+        await clients[c].save_state(f"unary-{round_no}-{c}", eight_kb_state(c, first + i))
 
     try:
         return await drive("stratad SaveState, unary", per_client, one)
@@ -331,15 +339,17 @@ async def stream_bench(
     return ConcurrencyResult(name, CLIENTS * per_client, time.perf_counter() - started, latencies)
 
 
-async def stratad_stream(address: str, per_client: int) -> ConcurrencyResult:
+async def stratad_stream(address: str, per_client: int, round_no: int = 0) -> ConcurrencyResult:
     async with stratad.AsyncClient(address) as client:
         for c in range(CLIENTS):
-            await client.create_session(f"stream-{c}")
+            await client.create_session(f"stream-{round_no}-{c}")
+    # Other states than the unary rounds' (offset), new ones every round.
+    first = (1000 + round_no) * per_client
 
     def request_of(c: int, i: int) -> object:
         return checkpoint_pb2.SaveStatesRequest(
             request=checkpoint_pb2.SaveStateRequest(
-                session_id=f"stream-{c}", data=eight_kb_state(c, i)
+                session_id=f"stream-{round_no}-{c}", data=eight_kb_state(c, first + i)
             )
         )
 
@@ -359,26 +369,54 @@ async def echo_stream(address: str, per_client: int) -> ConcurrencyResult:
     )  # fmt: skip
 
 
+#: Measured rounds of each path in (b), after one warm-up round.
+ROUNDS = 5
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def rounds(run: Callable[[int], Awaitable[ConcurrencyResult]]) -> ConcurrencyResult:
+    """A warm-up round, then ROUNDS rounds: their calls, latencies and rates."""
+    asyncio.run(run(0))
+    cpu_before = _own_cpu()
+    measured = [asyncio.run(run(n)) for n in range(1, ROUNDS + 1)]
+    calls = sum(r.calls for r in measured)
+    result = ConcurrencyResult(
+        measured[0].name,
+        calls,
+        sum(r.seconds for r in measured),
+        [x for r in measured for x in r.latencies],
+        [r.calls / r.seconds for r in measured],
+        (_own_cpu() - cpu_before) / calls,
+    )
+    print(f"  {result.name}: {result.throughput:.0f}/s", flush=True)
+    return result
+
+
 def bench_concurrency(per_client: int) -> list[ConcurrencyResult]:
     results = []
     with echo_server() as echo:
-        results.append(asyncio.run(echo_unary(echo, per_client)))
-        results.append(asyncio.run(echo_stream(echo, per_client)))
+        results.append(rounds(lambda n: echo_unary(echo, per_client)))
+        results.append(rounds(lambda n: echo_stream(echo, per_client)))
     with tempfile.TemporaryDirectory() as tmp, daemon(Path(tmp) / "data") as address:
-        results.append(asyncio.run(stratad_unary(address, per_client)))
-        results.append(asyncio.run(stratad_stream(address, per_client)))
-    for r in results:
-        print(f"  {r.name}: {r.throughput:.0f}/s", flush=True)
+        results.append(rounds(lambda n: stratad_unary(address, per_client, n)))
+        results.append(rounds(lambda n: stratad_stream(address, per_client, n)))
     return results
 
 
 def concurrency_table(results: Sequence[ConcurrencyResult]) -> str:
     rows = [
-        [r.name, str(r.calls), f"{r.throughput:.0f}", f"{median(r.latencies) * 1e3:.2f}",
-         f"{percentile(r.latencies, 0.99) * 1e3:.2f}"]
+        [r.name, str(r.calls // max(1, len(r.rounds))), f"{r.throughput:.0f}",
+         " / ".join(f"{x:.0f}" for x in r.rounds), f"{median(r.latencies) * 1e3:.2f}",
+         f"{percentile(r.latencies, 0.99) * 1e3:.2f}", f"{r.client_cpu * 1e6:.0f}"]
         for r in results
     ]  # fmt: skip
-    return markdown_table(["path", "calls", "calls/s", "p50 ms", "p99 ms"], rows)
+    headers = ["path", "calls/round", "calls/s (median)", "rounds", "p50 ms", "p99 ms",
+               "client CPU µs/call"]  # fmt: skip
+    return markdown_table(headers, rows)
 
 
 def targets(growing: Sequence[GrowingResult], conc: Sequence[ConcurrencyResult]) -> str:
@@ -529,7 +567,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         floor_table(growing), "",
         f"### (b) {CLIENTS} concurrent clients, 8 KB states, {CLIENTS} sessions", "",
         f"Streams keep {WINDOW} requests in flight each. The echo server answers 64 bytes",
-        "with no work: it is the ceiling of Python gRPC on this machine.", "",
+        "with no work: it is the ceiling of Python gRPC on this machine. Each path: one",
+        f"warm-up round, then {ROUNDS} rounds with new sessions and new states (nothing",
+        "deduplicates across rounds); the median round's calls/s, p50/p99 over all rounds.",
+        "stratad serves with its default front door (`front = auto`: native on this",
+        "plaintext port; docs/design.md).", "",
         concurrency_table(conc), "",
         "### (c) Where a sequential save's time goes", "",
         breakdown_table(breakdown), "",
