@@ -492,37 +492,44 @@ def breakdown_table(rows: Sequence[tuple[str, float]]) -> str:
     )
 
 
-EXPLANATION = """Why checkpoints/s at 500 steps is below SqliteSaver's, and what would close it:
+EXPLANATION = """What limits (b) and (a), measured:
 
-- SqliteSaver runs inside the agent's process; stratad is a separate process
-  behind gRPC. The breakdown above is the profile: a bare Python gRPC call
-  costs about 0.5 ms here, a trivial stratad RPC (interceptors, servicer)
-  about 0.9 ms, and a save adds its fsync (about 0.3 ms, the same fsync
-  SqliteSaver's WAL commit pays); a 500-step state adds client-side
-  chunking and hashing of ~130 KB and the daemon's frame checks. The storage
-  engine itself, called in-process (the "stratad engine" rows), keeps up with
-  SqliteSaver at 500 steps and is about 2x faster at 2,000, while storing
-  30-190x fewer bytes. Across runs on this shared machine the gRPC path
-  measured 0.34-0.6x SqliteSaver at 500 steps and 0.6-0.9x at 2,000.
-- Already done to get here: client-side chunking (only new chunks travel,
-  frames verified on arrival), objects kept off the save path (the journal
-  carries them; the background syncer appends them to a pack file and
-  fdatasyncs it), saves journaled on the event loop with group commit, and a
-  0.5 ms GIL switch interval (a fsync'd save fell from 3.6 ms to 1.3 ms).
-- What is not the limit (measured with (b)'s unary load, 2026-11-25): the
-  interceptor chain (a daemon with only the error interceptor did 1,210/s
-  against 1,305/s with all four, within noise) and the fsync (durability
-  `none` did 1,473/s against 1,257/s with `fsync`). What is: the daemon's CPU
-  per save, about three times an echo call's, spent in the servicer and the
-  domain save (request conversion, chunk checks, journal record encoding,
-  group commit hand-off) and the background compaction, all under one GIL.
-- Plan: move the whole save (chunk, hash, frame, record encoding) into one
-  native call, then measure serving the hot RPCs from a native gRPC server
-  (tonic in the Rust core, same protos) against a second Python process per
-  core sharing the store, and write the comparison here before choosing. For
-  agents that can pipeline, SaveStates already runs 3-4x unary: streaming
-  batches the saves that have arrived into one group commit (one fsync per
-  session per batch).
+- The transport. A grpc.aio server spends about as much CPU per call on
+  HTTP/2 and gRPC framing as stratad spends on an 8 KB save, under the same
+  GIL: behind grpc.aio a save cost the daemon ~720-880 µs of CPU against
+  ~250-280 µs per echo call (bench/front.py, same load). The native front
+  door (docs/design.md) serves the port from Rust and runs the same handlers
+  and interceptors on the event loop; the daemon's CPU per save fell to
+  ~310-470 µs and unary saves/s roughly doubled (front = python against
+  front = native in bench/front.py's table). One grpc.aio process per core
+  was measured as the alternative and cannot get there on this machine (the
+  bound is computed in that section).
+- What is left per save is Python: request conversion, the domain save
+  (prepare, checkpoint record, journal append, apply), the interceptors
+  (tracing, limits, request log, errors, auth) and compaction in the
+  background, plus the group commit's fsync (durability `none` runs ~20%
+  faster). With 16 clients each keeping one call in flight, throughput is
+  16 calls per round trip, so the echo ratio moves with this machine's load
+  (0.5-0.65x across runs of the same code).
+- Streaming: SaveStates batches the saves that arrived into one group commit,
+  but each save still costs its domain work, and the benchmark's client
+  builds and encodes a new 8 KB request per message (its CPU per call is in
+  the table): with unary saves twice as fast as before, the stream is
+  1.4-2.3x unary, not 3x; 3x would need the per-save domain work moved into
+  one native call per batch.
+- (a) at 500 steps is sequential: each save waits for the previous. Its
+  latency is the client's chunking and hashing of ~130 KB (about 0.5 ms of
+  client CPU), one gRPC round trip, the daemon's checks of the new chunks and
+  the whole-state digest, the delta framing of the rewritten tail chunk, and
+  the fsync; SqliteSaver writes in the agent's own process. The storage
+  engine in-process (the "stratad engine" rows) is faster than SqliteSaver at
+  both sizes; the gRPC path reaches about half its speed at 500 steps and
+  most of it at 2,000, while storing 175-680x fewer bytes.
+- Already done to get here: the native front door, client-side chunking
+  (only new chunks travel), objects kept off the save path (the journal
+  carries them; the background syncer packs them), group commit, a reused
+  zstd context per thread, orjson for journal records and snapshots,
+  interceptor wrappers built once per method.
 
 Where the bytes on disk go (the floor table splits them into objects and journals):
 
