@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 CONCLUSION = """\
-The choice: the native front door (rust/stratad-front, docs/architecture.md).
+The choice: the native front door (rust/stratad-front, docs/design.md).
 It takes HTTP/2 and gRPC framing off the GIL, which is where a grpc.aio
 server spends most of its CPU per call, while the daemon keeps one process,
 one store and one set of handlers: the same servicers and interceptors run
