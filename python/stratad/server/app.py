@@ -406,10 +406,11 @@ async def serve(config: Config) -> int:
     async with open_resources(config) as resources:
         server = await start_server(resources)
         _log.info(
-            "stratad %s serving on %s (data dir %s, durability %s, metrics %s, inspector %s, "
-            "tracing %s)",
+            "stratad %s serving on %s (front %s, data dir %s, durability %s, metrics %s, "
+            "inspector %s, tracing %s)",
             __version__,
             " and ".join(server.addresses),
+            "native" if server.front is not None else "python (grpc.aio)",
             resources.data_dir.path,
             config.durability,
             f"http://{server.metrics_address}/metrics" if server.metrics_address else "off",
