@@ -36,8 +36,21 @@ pub(crate) fn zstd_error_name(code: usize) -> &'static str {
     zstd_safe::get_error_name(code)
 }
 
-pub(crate) fn new_cctx() -> Result<CCtx<'static>> {
+pub(crate) fn new_cctx<'a>() -> Result<CCtx<'a>> {
     CCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))
+}
+
+/// The parameters of an object frame's zstd payload: `level`, the content
+/// size recorded, no checksum (the frame header carries the BLAKE3 digest).
+pub(crate) fn set_frame_parameters(cctx: &mut CCtx<'_>, level: i32) -> Result<()> {
+    let internal = |code: usize| Error::Internal(format!("zstd: {}", zstd_error_name(code)));
+    cctx.set_parameter(CParameter::CompressionLevel(level))
+        .map_err(internal)?;
+    cctx.set_parameter(CParameter::ContentSizeFlag(true))
+        .map_err(internal)?;
+    cctx.set_parameter(CParameter::ChecksumFlag(false))
+        .map_err(internal)?;
+    Ok(())
 }
 
 pub(crate) fn new_dctx() -> Result<DCtx<'static>> {

@@ -19,9 +19,12 @@
 //! against the header's digest like any frame, so a wrong or damaged base
 //! can only fail, never produce other data.
 
-use zstd::zstd_safe::{self, CCtx, CParameter, DCtx};
+use zstd::zstd_safe::{self, DCtx};
 
-use crate::compress::{buffer_with_capacity, decompress_exact, validate_level, zstd_error_name};
+use crate::compress::{
+    buffer_with_capacity, decompress_exact, new_cctx, set_frame_parameters, validate_level,
+    zstd_error_name,
+};
 use crate::digest::{digest, DIGEST_SIZE};
 use crate::error::{Error, Result};
 use crate::frame::{
@@ -113,14 +116,9 @@ fn zstd_internal(code: usize) -> Error {
 /// its first bytes are.
 fn compress_with_prefix(data: &[u8], prefix: &[u8], level: i32) -> Result<Vec<u8>> {
     validate_level(level)?;
-    let mut cctx =
-        CCtx::try_create().ok_or_else(|| Error::Internal("cannot create a zstd context".into()))?;
-    cctx.set_parameter(CParameter::CompressionLevel(level))
-        .map_err(zstd_internal)?;
-    cctx.set_parameter(CParameter::ContentSizeFlag(true))
-        .map_err(zstd_internal)?;
-    cctx.set_parameter(CParameter::ChecksumFlag(false))
-        .map_err(zstd_internal)?;
+    // A context of its own: the prefix is borrowed for the context's lifetime.
+    let mut cctx = new_cctx()?;
+    set_frame_parameters(&mut cctx, level)?;
     cctx.ref_prefix(prefix).map_err(zstd_internal)?;
     let mut out = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
     cctx.compress2(&mut out, data).map_err(zstd_internal)?;

@@ -7,9 +7,11 @@
 //! misread (for example as a huge length), and whatever happens to the
 //! payload, data is returned only when it has the recorded digest.
 
-use zstd::zstd_safe::{self, CParameter};
+use zstd::zstd_safe;
 
-use crate::compress::{decompress_exact, validate_level, with_cctx, zstd_error_name};
+use crate::compress::{
+    decompress_exact, set_frame_parameters, validate_level, with_cctx, zstd_error_name,
+};
 use crate::digest::{digest, DIGEST_SIZE};
 use crate::error::{Error, Result};
 
@@ -132,12 +134,7 @@ impl FrameEncoder {
         let internal = |code: usize| Error::Internal(format!("zstd: {}", zstd_error_name(code)));
         let level = self.level;
         with_cctx(|cctx| {
-            cctx.set_parameter(CParameter::CompressionLevel(level))
-                .map_err(internal)?;
-            cctx.set_parameter(CParameter::ContentSizeFlag(true))
-                .map_err(internal)?;
-            cctx.set_parameter(CParameter::ChecksumFlag(false))
-                .map_err(internal)?;
+            set_frame_parameters(cctx, level)?;
             // Full room: zstd may need more space while compressing than the
             // frame it finally writes (a tighter buffer can fail spuriously).
             let mut out = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
