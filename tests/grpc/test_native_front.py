@@ -180,17 +180,24 @@ def test_deadline_exceeded_then_the_save_is_still_durable(native: Any) -> None:
     assert native.server.front._calls == {}
 
 
+def _save_in_flight(checkpoints: Any, session: str) -> Any:
+    """Start a save (its commit held up by `_slow_commits`) and let it reach the daemon."""
+    future = checkpoints.SaveState.future(
+        checkpoint_pb2.SaveStateRequest(session_id=session, data=b"{}"), timeout=DEADLINE
+    )
+    time.sleep(0.3)
+    return future
+
+
 def test_client_cancel_ends_the_call_and_serving_goes_on(native: Any) -> None:
     channel, sessions, checkpoints = _stubs(native.target)
     with channel:
         sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="c"), timeout=DEADLINE)
-        undo = _slow_commits(native, 2.0)
+        # Held far longer than the wait below: the call can only leave the
+        # front door's table because the cancellation reached its handler.
+        undo = _slow_commits(native, 60.0)
         try:
-            future = checkpoints.SaveState.future(
-                checkpoint_pb2.SaveStateRequest(session_id="c", data=b"{}"), timeout=DEADLINE
-            )
-            time.sleep(0.3)
-            assert future.cancel()
+            assert _save_in_flight(checkpoints, "c").cancel()
         finally:
             undo()
         deadline = time.monotonic() + 10
@@ -207,10 +214,7 @@ def test_concurrent_call_limit(inprocess_server: Callable[..., Any]) -> None:
         sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="l"), timeout=DEADLINE)
         undo = _slow_commits(server, 1.0)
         try:
-            first = checkpoints.SaveState.future(
-                checkpoint_pb2.SaveStateRequest(session_id="l", data=b"{}"), timeout=DEADLINE
-            )
-            time.sleep(0.3)
+            first = _save_in_flight(checkpoints, "l")
             with pytest.raises(grpc.RpcError) as caught:
                 _save(checkpoints, "l", b"{}")
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
