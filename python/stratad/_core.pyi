@@ -202,11 +202,6 @@ class NativeFront:
     @property
     def port(self) -> int: ...
     @property
-    def in_progress(self) -> int:
-        """Native calls accepted and not yet answered."""
-    @property
-    def closed(self) -> bool: ...
-    @property
     def wake_fd(self) -> int:
         """Readable when events are queued: read it empty, then take_events()."""
     def take_events(self) -> list[tuple[int, FrontCall, bytes | None]]:
@@ -228,8 +223,6 @@ class FrontCall:
     def unary(self) -> bool: ...
     @property
     def metadata(self) -> tuple[tuple[str, str | bytes], ...]: ...
-    @property
-    def finished(self) -> bool: ...
     def time_remaining(self) -> float | None:
         """Seconds left before the caller's deadline; None without one."""
     def send(self, message: bytes) -> bool:

@@ -177,7 +177,6 @@ pub struct Event {
 /// dispatcher thread, no hand-off of the GIL).
 pub struct EventQueue {
     pending: Mutex<Pending>,
-    closed: AtomicBool,
     wake_tx: UnixStream,
     wake_rx: UnixStream,
 }
@@ -196,7 +195,6 @@ impl EventQueue {
         wake_rx.set_nonblocking(true)?;
         Ok(EventQueue {
             pending: Mutex::default(),
-            closed: AtomicBool::new(false),
             wake_tx,
             wake_rx,
         })
@@ -228,14 +226,5 @@ impl EventQueue {
     /// The descriptor to watch for events (readable: call `take`).
     pub fn wake_fd(&self) -> RawFd {
         self.wake_rx.as_raw_fd()
-    }
-
-    pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        self.wake();
-    }
-
-    pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
     }
 }

@@ -121,11 +121,6 @@ impl Front {
         &self.queue
     }
 
-    /// Native calls accepted and not yet answered.
-    pub fn in_progress(&self) -> usize {
-        self.shared.in_progress.load(Ordering::Acquire)
-    }
-
     /// Stop accepting, let open connections finish their calls (HTTP/2
     /// GOAWAY), native and forwarded alike, for up to `grace`, then close
     /// everything.
@@ -135,7 +130,6 @@ impl Front {
         while self.shared.connections.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        self.queue.close();
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(deadline.saturating_duration_since(Instant::now()));
         }
@@ -144,7 +138,6 @@ impl Front {
 
 impl Drop for Front {
     fn drop(&mut self) {
-        self.queue.close();
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }

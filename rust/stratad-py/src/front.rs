@@ -61,13 +61,6 @@ impl NativeFront {
         self.port
     }
 
-    /// Native calls accepted and not yet answered.
-    #[getter]
-    fn in_progress(&self) -> usize {
-        let front = self.front.lock().unwrap_or_else(PoisonError::into_inner);
-        front.as_ref().map_or(0, Front::in_progress)
-    }
-
     /// Every event queued, as `(kind, call, message)` tuples (`[]` if none).
     /// Call it when `wake_fd` is readable, after reading what it holds.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
@@ -92,11 +85,6 @@ impl NativeFront {
     #[getter]
     fn wake_fd(&self) -> i32 {
         self.queue.wake_fd()
-    }
-
-    #[getter]
-    fn closed(&self) -> bool {
-        self.queue.is_closed()
     }
 
     /// Stop accepting; wait up to `grace` seconds for native calls in
@@ -195,11 +183,6 @@ impl FrontCall {
     /// Ask for the next request message of a stream.
     fn pull(&self) {
         self.handle.pull();
-    }
-
-    #[getter]
-    fn finished(&self) -> bool {
-        self.handle.is_finished()
     }
 }
 
