@@ -14,11 +14,13 @@ __all__ = [
     "FRAME_HEADER_SIZE",
     "MAX_DELTA_DEPTH",
     "CrystalIndex",
+    "Digester",
     "FrontCall",
     "JaccardIndex",
     "NativeFront",
     "PreparedChunk",
     "chunk_boundaries",
+    "common_prefix_length",
     "compress",
     "decode_delta_frame",
     "decode_frame",
@@ -52,6 +54,24 @@ def digest(data: bytes) -> bytes:
 def digest_hex(data: bytes) -> str:
     """Lowercase hex BLAKE3 digest of `data` (64 characters)."""
 
+def common_prefix_length(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of two byte strings."""
+
+@final
+class Digester:
+    """A BLAKE3 digest fed piece by piece; `copy()` keeps its progress so far."""
+
+    def __init__(self) -> None: ...
+    def update(self, data: bytes) -> None:
+        """Feeds the next bytes."""
+    def copy(self) -> Digester:
+        """A digester that continues from here independently."""
+    @property
+    def count(self) -> int:
+        """Bytes fed so far."""
+    def hexdigest(self) -> str:
+        """Lowercase hex digest of everything fed so far."""
+
 def chunk_boundaries(
     data: bytes, min_size: int = 2048, avg_size: int = 8192, max_size: int = 32768
 ) -> list[tuple[int, int]]:
@@ -78,8 +98,11 @@ def verify_frame(frame: bytes, max_size: int) -> str:
 def frame_digest_hex(frame: bytes) -> str:
     """The digest hex recorded in a frame's (checked) header."""
 
-def encode_delta_frame(data: bytes, base: bytes, base_depth: int, level: int = 3) -> bytes:
-    """The frame of `data` as a delta on `base` when that is smaller, else its plain frame."""
+def encode_delta_frame(
+    data: bytes, base: bytes, base_depth: int, level: int = 3, plain: bytes | None = None
+) -> bytes:
+    """The frame of `data` as a delta on `base` when that is smaller, else its
+    plain frame (`plain`, when the caller already has it)."""
 
 def decode_delta_frame(frame: bytes, base: bytes, max_size: int) -> bytes:
     """The data of a delta frame, decoded against its base's data."""

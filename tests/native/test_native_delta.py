@@ -80,3 +80,21 @@ def test_a_delta_frame_never_decodes_with_another_base(
         native.decode_delta_frame(frame, other, 1 << 30)
     with pytest.raises(CorruptObjectError):  # no base: undecodable, never data
         native.decode_frame(frame, 1 << 30)
+
+
+@settings(max_examples=80, deadline=None)
+@given(bases, edits, st.integers(0, native.MAX_DELTA_DEPTH))
+def test_a_given_plain_frame_is_what_a_delta_is_weighed_against(
+    base: bytes, edit: tuple[int, int, bytes], depth: int
+) -> None:
+    """With the chunk's plain frame at hand (an uploaded one), the result is
+    the same as when the frame is made again; when no delta pays, that frame."""
+    data = edited(base, edit)
+    plain = native.encode_frame(data)
+    assert native.encode_delta_frame(data, base, depth, plain=plain) == native.encode_delta_frame(
+        data, base, depth
+    )
+    # A smaller plain frame than any delta (level 19 vs 3 here, or a stand-in)
+    # is returned as given: it is the caller's verified frame, not re-made.
+    tiny = plain[: ref.FRAME_HEADER_SIZE]
+    assert native.encode_delta_frame(data, base, depth, plain=tiny) == tiny

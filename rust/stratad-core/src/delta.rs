@@ -48,13 +48,30 @@ pub(crate) fn needs_base() -> Error {
 ///
 /// A base at [`MAX_DELTA_DEPTH`] or beyond gives the plain frame too.
 pub fn encode_delta_frame(data: &[u8], base: &[u8], base_depth: u8, level: i32) -> Result<Vec<u8>> {
-    let plain = encode_frame(data, level)?;
+    encode_delta_frame_beside(data, base, base_depth, level, None)
+}
+
+/// [`encode_delta_frame`] for a caller that already holds `data`'s plain
+/// frame (an uploaded, verified one): it is compared with, and returned when
+/// no delta is smaller, instead of compressing `data` a second time. It is
+/// not re-checked.
+pub fn encode_delta_frame_beside(
+    data: &[u8],
+    base: &[u8],
+    base_depth: u8,
+    level: i32,
+    plain: Option<&[u8]>,
+) -> Result<Vec<u8>> {
+    let plain = match plain {
+        Some(frame) => std::borrow::Cow::Borrowed(frame),
+        None => std::borrow::Cow::Owned(encode_frame(data, level)?),
+    };
     if base_depth >= MAX_DELTA_DEPTH || base.is_empty() || data.is_empty() {
-        return Ok(plain);
+        return Ok(plain.into_owned());
     }
     let packed = compress_with_prefix(data, base, level)?;
     if FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE + packed.len() >= plain.len() {
-        return Ok(plain);
+        return Ok(plain.into_owned());
     }
     let mut out = Vec::with_capacity(FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE + packed.len());
     write_header(&mut out, CODEC_ZSTD_DELTA, data.len() as u64, &digest(data));

@@ -17,8 +17,11 @@ pub mod similarity;
 
 pub use chunking::{chunk_boundaries, DEFAULT_AVG_CHUNK, DEFAULT_MAX_CHUNK, DEFAULT_MIN_CHUNK};
 pub use compress::{compress, decompress, train_dictionary};
-pub use delta::{decode_delta_frame, encode_delta_frame, frame_delta_base, MAX_DELTA_DEPTH};
-pub use digest::{digest, digest_hex, to_hex};
+pub use delta::{
+    decode_delta_frame, encode_delta_frame, encode_delta_frame_beside, frame_delta_base,
+    MAX_DELTA_DEPTH,
+};
+pub use digest::{common_prefix_len, digest, digest_hex, to_hex, Digester};
 pub use error::{Error, Result};
 pub use frame::{
     decode_frame, encode_frame, frame_digest, verify_frame, FORMAT_VERSION, FRAME_HEADER_SIZE,

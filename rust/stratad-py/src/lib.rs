@@ -7,7 +7,7 @@
 //! live in `stratad-core`; `python/stratad/native.py` is the only Python
 //! module that imports this one, and `python/stratad/_core.pyi` describes it.
 
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use pyo3::exceptions::PyOverflowError;
 use pyo3::marker::Ungil;
@@ -253,11 +253,12 @@ fn frame_digest_hex(py: Python<'_>, frame: &[u8]) -> PyResult<String> {
     Ok(core::to_hex(&check(py, core::frame_digest(frame))?))
 }
 
-/// The frame of `data` as a delta on `base` when that is smaller, else its plain frame.
+/// The frame of `data` as a delta on `base` when that is smaller, else its
+/// plain frame (`plain`, when the caller already has it).
 #[pyfunction]
 #[pyo3(
-    signature = (data, base, base_depth, level = Int(3)),
-    text_signature = "(data, base, base_depth, level=3)"
+    signature = (data, base, base_depth, level = Int(3), plain = None),
+    text_signature = "(data, base, base_depth, level=3, plain=None)"
 )]
 fn encode_delta_frame<'py>(
     py: Python<'py>,
@@ -265,13 +266,70 @@ fn encode_delta_frame<'py>(
     base: &[u8],
     base_depth: Int,
     level: Int,
+    plain: Option<&[u8]>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let level = level.level(py)?;
     let depth = u8::try_from(base_depth.limit(py, "base_depth")?.min(255)).unwrap_or(u8::MAX);
     let result = run(py, data.len(), || {
-        core::encode_delta_frame(data, base, depth, level)
+        core::encode_delta_frame_beside(data, base, depth, level, plain)
     });
     Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// Length of the longest common prefix of two byte strings.
+#[pyfunction]
+fn common_prefix_length(py: Python<'_>, a: &[u8], b: &[u8]) -> usize {
+    run(py, a.len().min(b.len()), || core::common_prefix_len(a, b))
+}
+
+/// A BLAKE3 digest fed piece by piece; `copy()` keeps its progress so far.
+#[pyclass(frozen, module = "stratad._core")]
+#[derive(Default)]
+struct Digester {
+    inner: Mutex<core::Digester>,
+}
+
+impl Digester {
+    fn lock(&self) -> MutexGuard<'_, core::Digester> {
+        // A panic cannot leave a digester half-updated in a way that matters
+        // more than the panic itself: keep serving.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[pymethods]
+impl Digester {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds the next bytes.
+    fn update(&self, py: Python<'_>, data: &[u8]) {
+        run(py, data.len(), || self.lock().update(data));
+    }
+
+    /// A digester that continues from here independently.
+    fn copy(&self) -> Self {
+        Self {
+            inner: Mutex::new(self.lock().clone()),
+        }
+    }
+
+    /// Bytes fed so far.
+    #[getter]
+    fn count(&self) -> u64 {
+        self.lock().count()
+    }
+
+    /// Lowercase hex digest of everything fed so far.
+    fn hexdigest(&self) -> String {
+        self.lock().hex()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Digester(<{} bytes>)", self.lock().count())
+    }
 }
 
 /// The data of a delta frame, decoded against its base's data.
@@ -632,12 +690,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", core::FORMAT_VERSION)?;
     m.add("MAX_DELTA_DEPTH", core::MAX_DELTA_DEPTH)?;
     m.add_class::<PreparedChunk>()?;
+    m.add_class::<Digester>()?;
     m.add_class::<JaccardIndex>()?;
     m.add_class::<CrystalIndex>()?;
     m.add_class::<front::NativeFront>()?;
     m.add_class::<front::FrontCall>()?;
     m.add_function(wrap_pyfunction!(digest, m)?)?;
     m.add_function(wrap_pyfunction!(digest_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(common_prefix_length, m)?)?;
     m.add_function(wrap_pyfunction!(chunk_boundaries, m)?)?;
     m.add_function(wrap_pyfunction!(compress, m)?)?;
     m.add_function(wrap_pyfunction!(decompress, m)?)?;
