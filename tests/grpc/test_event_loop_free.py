@@ -216,3 +216,86 @@ def test_kept_base_chunks_count_towards_the_digest_check(api: Api) -> None:
     )  # fmt: skip
     good = api.call(api.checkpoints.SaveState, upload(native.digest_hex(state)))
     assert api.load("agent", checkpoint_id=good.checkpoint_id).data == state
+
+
+def _upload_of(
+    state: bytes, cuts: list[tuple[int, int]], keep: int, base: str, **fields: Any
+) -> checkpoint_pb2.SaveStateRequest:
+    """`state` as an upload keeping `keep` chunks of checkpoint `base`, every other
+    chunk listed and framed."""
+    pieces = [state[o : o + n] for o, n in cuts[keep:]]
+    values: dict[str, Any] = {
+        "size": len(state),
+        "digest": native.digest_hex(state),
+        "chunks": [
+            checkpoint_pb2.ChunkRef(digest=native.digest_hex(p), length=len(p)) for p in pieces
+        ],
+        "frames": [native.encode_frame(p) for p in pieces],
+        "base_checkpoint_id": base,
+        "keep": keep,
+    }
+    values.update(fields)
+    return checkpoint_pb2.SaveStateRequest(
+        session_id="agent", chunked=checkpoint_pb2.ChunkedState(**values)
+    )
+
+
+def _shared_cuts(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_a_digest_check_resumed_from_the_last_upload_still_refuses_bad_uploads(
+    api: Api,
+) -> None:
+    """The daemon hashes only what follows the chunks an upload keeps of the
+    session's last upload (it keeps its digest's progress there): a wrong
+    state digest, or a stored chunk listed with a wrong length after that
+    point, is refused all the same, and good uploads chain on."""
+    api.create("agent")
+    first = os.urandom(300_000)
+    first_cuts = native.chunk_boundaries(first)
+    saved = api.call(api.checkpoints.SaveState, _upload_of(first, first_cuts, 0, ""))
+    grown = first + os.urandom(9000)
+    cuts = native.chunk_boundaries(grown)
+    keep = _shared_cuts(first_cuts, cuts)
+    assert keep >= len(first_cuts) - 2
+    kept_bytes = cuts[keep][0]
+
+    wrong = native.digest_hex(b"another state")
+    api.fails(
+        api.checkpoints.SaveState, _upload_of(grown, cuts, keep, saved.checkpoint_id, digest=wrong),
+        grpc.StatusCode.INVALID_ARGUMENT, "digest", wrong, keeps="agent",
+    )  # fmt: skip
+    # The first state's chunk after the kept ones is stored: listed again with
+    # a length that is not its own (the sizes still adding up), it is caught
+    # by its content.
+    offset, length = first_cuts[keep]
+    stored = first[offset : offset + length]
+    lying = checkpoint_pb2.ChunkRef(digest=native.digest_hex(stored), length=length + 1)
+    request = checkpoint_pb2.SaveStateRequest(
+        session_id="agent",
+        chunked=checkpoint_pb2.ChunkedState(
+            size=kept_bytes + length + 1,
+            digest=native.digest_hex(first[:kept_bytes] + stored + b"x"),
+            chunks=[lying],
+            base_checkpoint_id=saved.checkpoint_id,
+            keep=keep,
+        ),
+    )
+    api.fails(
+        api.checkpoints.SaveState, request, grpc.StatusCode.INVALID_ARGUMENT,
+        "listed with", keeps="agent",
+    )  # fmt: skip
+
+    good = api.call(api.checkpoints.SaveState, _upload_of(grown, cuts, keep, saved.checkpoint_id))
+    again = grown + os.urandom(7000)
+    again_cuts = native.chunk_boundaries(again)
+    again_keep = _shared_cuts(cuts, again_cuts)
+    third = api.call(
+        api.checkpoints.SaveState, _upload_of(again, again_cuts, again_keep, good.checkpoint_id)
+    )
+    assert api.load("agent", checkpoint_id=good.checkpoint_id).data == grown
+    assert api.load("agent", checkpoint_id=third.checkpoint_id).data == again

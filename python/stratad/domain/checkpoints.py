@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,9 @@ from stratad.store.journal import Record
 from stratad.store.tenant import StaleBaseError, StoredState
 
 MAX_METADATA_BYTES = 1 << 20
+#: Digesters kept at the starts of an upload's last chunks (`_check_state_digest`).
+DIGEST_RESUME_POINTS = 2
+ENTRY_SIZE = manifest.ENTRY.size
 MAX_CONTENT_TYPE = 256
 MAX_NAME = 256
 
@@ -76,6 +80,17 @@ class SaveInput:
     parent_checkpoint_id: str = ""  # "" = the latest checkpoint of the namespace
     namespace: str = ""
     no_parent: bool = False  # a new line: no parent even if the namespace has checkpoints
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A save's verified state, ready to be journaled (see Checkpoints._prepare)."""
+
+    stored: StoredState
+    size: int
+    digest: str
+    #: Chunked uploads: digesters at the state's last chunks (`_check_state_digest`).
+    resume_points: dict[int, native.Digester] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,11 +131,14 @@ class Checkpoints:
             prepared = self._prepare(live, inp)
             build = functools.partial(self._save_mutation, inp=inp, prepared=prepared)
             try:
-                return self.sessions.mutate_live(  # type: ignore[no-any-return]
+                result: SaveResult = self.sessions.mutate_live(
                     live, inp.expected_version, build, commit=commit
                 )
             except StaleBaseError:
                 continue
+            if prepared.resume_points:
+                live.digest_resume = (result.checkpoint.checkpoint_id, prepared.resume_points)
+            return result
         raise FailedPreconditionError("the state's base kept changing; retry the save")
 
     def save_many(
@@ -162,7 +180,7 @@ class Checkpoints:
             raise InvalidArgumentError(f"content_type is longer than {MAX_CONTENT_TYPE} characters")
         validate_metadata(inp.metadata)
 
-    def _prepare(self, live: LiveSession, inp: SaveInput) -> tuple[StoredState, int, str]:
+    def _prepare(self, live: LiveSession, inp: SaveInput) -> Prepared:
         """Chunk/verify outside the session lock: this is the CPU-heavy part."""
         with live.lock:
             check_usable(live)
@@ -171,14 +189,14 @@ class Checkpoints:
         base = (base_cp.root, base_cp.root_kind) if base_cp else None
         if inp.data is not None:
             stored = live.tenant.prepare(inp.data, base)
-            return stored, len(inp.data), native.digest_hex(inp.data)
+            return Prepared(stored, len(inp.data), native.digest_hex(inp.data))
         assert inp.upload is not None
-        return self._prepare_upload(live, inp.upload, base), inp.upload.size, inp.upload.digest
+        return self._prepare_upload(live, inp.upload, base)
 
     def _prepare_upload(
         self, live: LiveSession, up: ChunkUpload, base: tuple[str, str] | None
-    ) -> StoredState:
-        if len(up.digest) != 64 or not _is_hex(up.digest):
+    ) -> Prepared:
+        if not _is_digest(up.digest):
             raise InvalidArgumentError("digest must be 64 lowercase hex characters")
         kept = b""
         if up.keep:
@@ -211,14 +229,16 @@ class Checkpoints:
                 "upload them (FindMissingChunks lists them)",
                 reason="CHUNKS_MISSING",
             )
-        self._check_state_digest(live, up, entries, decoded)
+        points = self._check_state_digest(live, up, entries, decoded)
         frames, delta_bases = live.tenant.frame_new_chunks(
             entries,
             {digest: content for digest, (_, content) in decoded.items()},
             base,
             {digest: frame for digest, (frame, _) in decoded.items()},
+            first=up.keep,
         )
-        return live.tenant.prepare_entries(entries, frames, base, delta_bases)
+        stored = live.tenant.prepare_entries(entries, frames, base, delta_bases)
+        return Prepared(stored, up.size, up.digest, points)
 
     def _verify_frames(
         self, live: LiveSession, up: ChunkUpload, lengths: dict[str, int]
@@ -264,14 +284,25 @@ class Checkpoints:
         up: ChunkUpload,
         entries: bytes,
         decoded: dict[str, tuple[bytes, bytes]],
-    ) -> None:
+    ) -> dict[int, native.Digester]:
         """The chunks, in order, must make up exactly the state the client named.
 
         Checked at save time so that a bad upload (a client bug, a wrong base)
         is refused with nothing stored, rather than found when loading it.
+        Returns digesters fed up to each of the state's last chunks, kept for
+        the next upload: when it keeps this state's chunks but the last few
+        (a growing state does), its check hashes only the bytes after them.
+        The chunks before the resume point are the base's own entries, which
+        were checked when the base was saved.
         """
-        pieces = []
-        for digest, length in manifest.iter_entries(entries):
+        count = manifest.entry_count(entries)
+        digester, start = _resume_digest(live, up)
+        first_point = max(count - DIGEST_RESUME_POINTS, start)
+        points: dict[int, native.Digester] = {}
+        size = ENTRY_SIZE
+        for index in range(start, count):
+            raw, length = manifest.ENTRY.unpack_from(entries, index * size)
+            digest = raw.hex()
             hit = decoded.get(digest)
             piece = (
                 hit[1]
@@ -283,13 +314,16 @@ class Checkpoints:
                     f"chunk {digest} holds {len(piece)} bytes but is listed with {length}",
                     reason="UPLOAD_MISMATCH",
                 )
-            pieces.append(piece)
-        found = native.digest_hex(b"".join(pieces))
+            if index >= first_point:
+                points[index] = digester.copy()
+            digester.update(piece)
+        found = digester.hexdigest()
         if found != up.digest:
             raise InvalidArgumentError(
                 f"the uploaded chunks make up a state with digest {found}, not {up.digest}",
                 reason="UPLOAD_MISMATCH",
             )
+        return points
 
     def _parent(self, live: LiveSession, inp: SaveInput) -> Checkpoint | None:
         if inp.parent_checkpoint_id:
@@ -308,9 +342,9 @@ class Checkpoints:
         at: float,
         *,
         inp: SaveInput,
-        prepared: tuple[StoredState, int, str],
+        prepared: Prepared,
     ) -> Mutation:
-        stored, size, digest = prepared
+        stored, size, digest = prepared.stored, prepared.size, prepared.digest
         require_status(live, SessionStatus.ACTIVE, SessionStatus.PAUSED)
         checkpoint_id = self._new_checkpoint_id(live, inp.checkpoint_id)
         parent = self._parent(live, inp)
@@ -600,7 +634,7 @@ class Checkpoints:
 
     def find_missing(self, tenant: str, digests: list[str]) -> list[str]:
         for d in digests:
-            if len(d) != 64 or not _is_hex(d):
+            if not _is_digest(d):
                 raise InvalidArgumentError(f"{d[:80]!r} is not a hex BLAKE3 digest")
         store = self.sessions.store.find_tenant(tenant)
         return store.missing(digests) if store is not None else list(digests)
@@ -715,7 +749,7 @@ def _listed_lengths(chunks: list[tuple[str, int]]) -> dict[str, int]:
     """digest -> length of an upload's chunk list (a digest has one length)."""
     lengths: dict[str, int] = {}
     for digest, length in chunks:
-        if len(digest) != 64 or not _is_hex(digest) or length <= 0:
+        if length <= 0 or not _is_digest(digest):
             raise InvalidArgumentError(
                 "a chunk reference is malformed (64 hex characters and a positive length)"
             )
@@ -799,5 +833,17 @@ def validate_metadata(metadata: dict[str, Any]) -> None:
         raise InvalidArgumentError(f"metadata is larger than {MAX_METADATA_BYTES} bytes")
 
 
-def _is_hex(s: str) -> bool:
-    return all(c in "0123456789abcdef" for c in s)
+#: Is a string a digest as the API spells it (64 lowercase hex characters)?
+_is_digest = re.compile("[0-9a-f]{64}").fullmatch
+
+
+def _resume_digest(live: LiveSession, up: ChunkUpload) -> tuple[native.Digester, int]:
+    """Where an upload's digest check starts: a digester fed with the state's
+    bytes before chunk `start` (a copy kept from its base's check), or (new, 0)."""
+    resume = live.digest_resume
+    if resume is not None and up.keep and resume[0] == up.base_checkpoint_id:
+        points = resume[1]
+        start = max((i for i in points if i <= up.keep), default=-1)
+        if start >= 0:
+            return points[start].copy(), start
+    return native.Digester(), 0

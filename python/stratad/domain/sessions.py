@@ -104,6 +104,10 @@ class LiveSession:
     accessed_at: float = field(default_factory=time.time)
     #: time.monotonic() of the last record appended (idle compaction).
     appended_at: float = field(default_factory=time.monotonic)
+    #: For the last chunked upload saved: its checkpoint ID and, by chunk index,
+    #: digesters fed with the state's bytes before that chunk (the next
+    #: upload's digest check resumes there; see Checkpoints._check_state_digest).
+    digest_resume: tuple[str, dict[int, Any]] | None = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -53,6 +53,12 @@ def iter_entries(blob: bytes) -> Iterator[tuple[str, int]]:
         yield raw.hex(), length
 
 
+def entry_digest(blob: bytes, index: int) -> str:
+    """The hex digest of entry `index` of a blob."""
+    start = index * ENTRY.size
+    return blob[start : start + 32].hex()
+
+
 def entry_count(blob: bytes) -> int:
     return len(blob) // ENTRY.size
 

@@ -115,6 +115,8 @@ class TenantStore:
         contents: dict[str, bytes],
         base: tuple[str, str] | None,
         framed: dict[str, bytes] | None = None,
+        *,
+        first: int = 0,
     ) -> tuple[dict[str, bytes], list[str]]:
         """Frames of a state's new chunks (`contents`: digest -> content), and the
         objects those that are delta frames are deltas on.
@@ -123,19 +125,22 @@ class TenantStore:
         state when that is smaller: a growing state rewrites its last chunk on
         every save, and as a delta that chunk costs about what was appended,
         not its whole compressed size again. `framed` holds plain frames the
-        caller already has (uploaded ones), used when no delta pays.
+        caller already has (uploaded ones), used when no delta pays. Entries
+        before `first` are known not to be new (an upload's kept base entries).
         """
-        replaced = self._base_chunks(base)
+        replaced = self._base_entries(base)
+        replaced_count = manifest.entry_count(replaced)
         frames: dict[str, bytes] = {}
         delta_bases: dict[str, None] = {}
-        for index, (digest, _) in enumerate(manifest.iter_entries(entries)):
+        for index in range(first, manifest.entry_count(entries)):
+            digest = manifest.entry_digest(entries, index)
             if digest not in contents or digest in frames:
                 continue
-            old = replaced[index] if index < len(replaced) else ""
+            old = manifest.entry_digest(replaced, index) if index < replaced_count else ""
             piece = contents[digest]
-            frame = self._try_delta(piece, old)
+            known = framed.get(digest) if framed is not None else None
+            frame = self._try_delta(piece, old, known)
             if frame is None:
-                known = framed.get(digest) if framed is not None else None
                 frame = known or native.encode_frame(piece)
             found = native.frame_delta_base(frame)
             depth = 0 if found is None else found[1]
@@ -145,21 +150,23 @@ class TenantStore:
             self.objects.remember(digest, piece, depth)
         return frames, list(delta_bases)
 
-    def _base_chunks(self, base: tuple[str, str] | None) -> list[str]:
-        """The chunk digests of the base state, in order ([] when it has none)."""
+    def _base_entries(self, base: tuple[str, str] | None) -> bytes:
+        """The entries blob of the base state (b"" when it has none; a
+        single-chunk base gives one entry, its length not filled in)."""
         if base is None or base[1] == ROOT_EMPTY:
-            return []
+            return b""
         if base[1] == ROOT_CHUNK:
-            return [base[0]]
+            return manifest.entries_blob([(base[0], 0)])
         try:
-            return [d for d, _ in manifest.iter_entries(self.resolve_manifest(base[0])[0])]
+            return self.resolve_manifest(base[0])[0]
         except (DataLossError, CorruptObjectError):
-            return []  # no deltas then; the save itself does not need the base
+            return b""  # no deltas then; the save itself does not need the base
 
-    def _try_delta(self, piece: bytes, old: str) -> bytes | None:
+    def _try_delta(self, piece: bytes, old: str, plain: bytes | None = None) -> bytes | None:
         """The frame of a new chunk that may be a delta on `old`: the delta frame
-        when it is smaller, else the plain frame `encode_delta_frame` compared it
-        with; None when no delta was tried (no usable base)."""
+        when it is smaller, else the plain frame it was compared with (`plain`,
+        the chunk's verified frame when the caller has one, or made here); None
+        when no delta was tried (no usable base)."""
         if not old or not self.objects.has(old):
             return None
         try:
@@ -170,7 +177,7 @@ class TenantStore:
             # Not a rewrite of `old` (a grown or edited chunk starts as it did):
             # trying a delta would only cost a second compression.
             return None
-        return native.encode_delta_frame(piece, content, depth)
+        return native.encode_delta_frame(piece, content, depth, plain=plain)
 
     def prepare_entries(
         self,
