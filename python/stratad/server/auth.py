@@ -308,6 +308,9 @@ class _Call:
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Authenticate and authorize every call but health checks; audit admin calls."""
 
+    #: What intercept_service returns depends on the method alone (HandlerCache).
+    per_method = True
+
     def __init__(self, mode: AuthMode, identities: IdentitiesFile | None) -> None:
         if mode != "off" and identities is None:
             raise ValueError(f"auth = {mode!r} needs an identities file")

@@ -231,6 +231,10 @@ class FrontDoor:
         self._native = native
         self._handlers = handlers
         self._interceptors = tuple(interceptors)
+        # When every interceptor wraps by method alone (`per_method`), the
+        # chain's result is cached per method instead of awaited per call.
+        self._per_method = all(getattr(i, "per_method", False) for i in self._interceptors)
+        self._chains: dict[str, Any] = {}
         self._loop = loop
         self._calls: dict[int, _Active] = {}
         self._wake_fd = native.wake_fd
@@ -298,8 +302,16 @@ class FrontDoor:
 
     async def _handler(self, method: str, context: FrontContext) -> Any:
         """The method's handler wrapped by the interceptors, as grpc.aio builds it."""
+        if self._per_method:
+            chain = self._chains.get(method)
+            if chain is not None:
+                return chain
         details = _CallDetails(method, context.invocation_metadata())
-        return await self._intercept(0, details)
+        chain = await self._intercept(0, details)
+        # Only registered methods: a client inventing names must not grow this.
+        if self._per_method and method in self._handlers:
+            self._chains[method] = chain
+        return chain
 
     async def _intercept(self, index: int, details: _CallDetails) -> Any:
         if index == len(self._interceptors):

@@ -109,6 +109,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     `UnauthenticatedError`.
     """
 
+    #: What intercept_service returns depends on the method alone (HandlerCache).
+    per_method = True
+
     def __init__(self) -> None:
         self._handlers = HandlerCache(_wrap_handler)
 
@@ -374,6 +377,9 @@ class CallObserver(Protocol):
 
 class RequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Time every call, learn its final status, log it at debug and tell the observers."""
+
+    #: What intercept_service returns depends on the method alone (HandlerCache).
+    per_method = True
 
     def __init__(self, observers: Iterable[CallObserver] = ()) -> None:
         self._observers: Sequence[CallObserver] = tuple(observers)

@@ -155,6 +155,9 @@ def declared_bytes(message: Any) -> int:
 class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Charge every request to an `InflightBudget`; refuse those that do not fit."""
 
+    #: What intercept_service returns depends on the method alone (HandlerCache).
+    per_method = True
+
     def __init__(self, budget: InflightBudget) -> None:
         self.budget = budget
         self._handlers = HandlerCache(self._charged)

@@ -131,6 +131,11 @@ class Metrics:
             [*rpc_labels, "grpc_code"],
             registry=r,
         )
+        # labels() validates and locks on every lookup: the children of the
+        # per-call metrics are kept by label values (one per method and status,
+        # and only registered methods reach an observer).
+        self._started_children: dict[tuple[str, ...], Any] = {}
+        self._finished_children: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self.rpc_seconds = Histogram(
             "grpc_server_handling_seconds",
             "Time from the start of a call to its status, by method and status code.",
@@ -228,13 +233,21 @@ class Metrics:
     # -- gRPC calls (a RequestInterceptor observer) -------------------------------
 
     def call_started(self, call: CallInfo) -> None:
-        self.rpc_started.labels(call.kind, call.service, call.name).inc()
+        labels = (call.kind, call.service, call.name)
+        started = self._started_children.get(labels)
+        if started is None:
+            started = self._started_children[labels] = self.rpc_started.labels(*labels)
+        started.inc()
 
     def call_finished(self, result: CallResult) -> None:
         call = result.call
         labels = (call.kind, call.service, call.name, result.code)
-        self.rpc_handled.labels(*labels).inc()
-        self.rpc_seconds.labels(*labels).observe(result.seconds)
+        children = self._finished_children.get(labels)
+        if children is None:
+            children = (self.rpc_handled.labels(*labels), self.rpc_seconds.labels(*labels))
+            self._finished_children[labels] = children
+        children[0].inc()
+        children[1].observe(result.seconds)
         if call.service == ADMIN_SERVICE and result.code == "OK" and result.response is not None:
             self._admin_result(call, result.response)
 
