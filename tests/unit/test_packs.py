@@ -229,3 +229,30 @@ def test_a_data_dir_of_the_one_file_per_object_layout_opens_and_migrates(tmp_pat
         assert engine.admin.verify(TENANT).ok
     finally:
         engine.close()
+
+
+def test_durability_none_stops_carrying_objects_once_written(tmp_path: Path) -> None:
+    """With `durability none` nothing is fsynced: an object written to its pack is
+    as safe as a journal's copy, so sessions sharing it stop carrying copies.
+    They used to carry every shared chunk inline on every save, for ever."""
+    engine = Engine(tmp_path / "data", durability="none", fsync_interval=3600.0)
+    engine.open()
+    try:
+        engine.sessions.create(TENANT, "first")
+        engine.sessions.create(TENANT, "second")
+        state = os.urandom(400_000)
+        saved = save(engine, "first", state)
+        engine.store.sync_objects()  # the background syncer's tick
+        journal = engine.sessions.live(TENANT, "second").journal
+        before = journal.size
+        again = save(engine, "second", state)
+        # The record names the shared chunks; it does not carry ~400 KB of them.
+        assert journal.size - before < 4096
+        assert load(engine, saved) == load(engine, again) == state
+    finally:
+        engine.close()
+    reopened = open_engine(tmp_path / "data")
+    try:
+        assert load(reopened, again) == state
+    finally:
+        reopened.close()

@@ -569,6 +569,23 @@ class ObjectStore:
             raise storage_error(exc, "object write") from exc
         return _Pack(number, path, fd, 0)
 
+    def write_pending(self) -> int:
+        """Durability `none`: write pending objects to the pack, without fsync.
+
+        Written, an object is as durable as anything is in that mode (the OS
+        decides when journals reach the disk too), so no journal record needs
+        to carry it any more. Were it kept unsynced, every save of another
+        session sharing it would carry a copy inline for ever, and sessions
+        that share their chunks (forks, copies, repeated states) would grow
+        their journals and slow down the longer the daemon ran.
+        """
+        self.flush()
+        with self._lock:
+            written = [d for d in self._unsynced if d not in self._pending]
+            for digest in written:
+                self._unsynced.pop(digest, None)
+        return len(written)
+
     def sync_pending(self) -> int:
         """Write pending objects, then make every unsynced object durable."""
         self.flush()

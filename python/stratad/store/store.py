@@ -221,7 +221,7 @@ class Store:
     def persist_objects(self, tenant: TenantStore) -> None:
         """Append a tenant's pending objects to its pack; fsync it unless `none`."""
         if self.durability == "none":
-            tenant.objects.flush()
+            tenant.objects.write_pending()
         else:
             tenant.objects.sync_pending()
 
