@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -302,3 +303,60 @@ def test_forwarded_peer_is_believed_only_with_the_front_key() -> None:
     assert front.forwarded_peer(_Context("unix:", forged)) == "unix:"
     # A TCP caller's own address always wins over metadata.
     assert front.forwarded_peer(_Context("ipv4:1.2.3.4:5", forwarded)) == "ipv4:1.2.3.4:5"
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_stream_read_ahead_is_charged_and_given_back(inprocess_server: Callable[..., Any]) -> None:
+    """Requests a stream reads ahead of its handler are decoded and charged to the
+    in-flight budget as they arrive, and a cancelled stream gives every charge back."""
+    server = inprocess_server(SERVICES, max_inflight_bytes=64 << 20)
+    budget = server.resources.budget
+    channel, sessions, checkpoints = _stubs(server.target)
+    size, count = 100_000, 10
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="ra"), timeout=DEADLINE)
+        undo = _slow_commits(server, 60.0)  # the first save holds; the rest wait read ahead
+        try:
+            items = [
+                checkpoint_pb2.SaveStatesRequest(
+                    request=checkpoint_pb2.SaveStateRequest(session_id="ra", data=os.urandom(size))
+                )
+                for _ in range(count)
+            ]
+            stream = checkpoints.SaveStates(iter(items), timeout=DEADLINE)
+            _until(lambda: budget.in_use >= 6 * size * count, "every item to be charged")
+            stream.cancel()
+            _until(lambda: budget.in_use == 0, "the charges to be given back")
+            _until(lambda: server.server.front._calls == {}, "the call to end")
+        finally:
+            undo()
+        assert _save(checkpoints, "ra", b"after").checkpoint_id
+    assert budget.in_use == 0
+
+
+def test_a_request_whose_decoding_raises_is_raised_where_the_handler_reads_it() -> None:
+    """Decoding happens as messages arrive, in the front door's event handler: a
+    deserializer that raises must not break that handler (every call's events
+    go through it), only the stream whose request it was."""
+    from types import SimpleNamespace
+
+    from stratad.server import front
+
+    def broken(data: bytes) -> Any:
+        raise ValueError(f"cannot decode {data!r}")
+
+    active = front._Active(SimpleNamespace(unary=False))
+    active.decode = broken
+    active.arrived(b"x")
+    active.decode = bytes.upper
+    active.arrived(b"y")
+    assert active.inbox is not None
+    first, second = active.inbox.get_nowait(), active.inbox.get_nowait()
+    assert isinstance(first, front._Undecoded) and "cannot decode b'x'" in str(first.error)
+    assert second == b"Y"
