@@ -525,37 +525,52 @@ EXPLANATION = """What limits (b) and (a), measured:
   GIL: behind grpc.aio a save cost the daemon ~720-880 µs of CPU against
   ~250-280 µs per echo call (bench/front.py, same load). The native front
   door (docs/design.md) serves the port from Rust and runs the same handlers
-  and interceptors on the event loop; the daemon's CPU per save fell to
-  ~310-470 µs and unary saves/s roughly doubled (front = python against
-  front = native in bench/front.py's table). One grpc.aio process per core
-  was measured as the alternative and cannot get there on this machine (the
+  and interceptors on the event loop. One grpc.aio process per core was
+  measured as the alternative and cannot get there on this machine (the
   bound is computed in that section).
-- What is left per save is Python: request conversion, the domain save
-  (prepare, checkpoint record, journal append, apply), the interceptors
-  (tracing, limits, request log, errors, auth) and compaction in the
-  background, plus the group commit's fsync (durability `none` runs ~20%
-  faster). With 16 clients each keeping one call in flight, throughput is
-  16 calls per round trip, so the echo ratio moves with this machine's load
-  (0.5-0.65x across runs of the same code).
-- Streaming: SaveStates batches the saves that arrived into one group commit,
-  but each save still costs its domain work, and the benchmark's client
-  builds and encodes a new 8 KB request per message (its CPU per call is in
-  the table): with unary saves twice as fast as before, the stream is
-  1.4-2.3x unary, not 3x; 3x would need the per-save domain work moved into
-  one native call per batch.
-- (a) at 500 steps is sequential: each save waits for the previous. Its
-  latency is the client's chunking and hashing of ~130 KB (about 0.5 ms of
-  client CPU), one gRPC round trip, the daemon's checks of the new chunks and
-  the whole-state digest, the delta framing of the rewritten tail chunk, and
-  the fsync; SqliteSaver writes in the agent's own process. The storage
-  engine in-process (the "stratad engine" rows) is faster than SqliteSaver at
-  both sizes; the gRPC path reaches about half its speed at 500 steps and
-  most of it at 2,000, while storing 175-680x fewer bytes.
-- Already done to get here: the native front door, client-side chunking
-  (only new chunks travel), objects kept off the save path (the journal
-  carries them; the background syncer packs them), group commit, a reused
-  zstd context per thread, orjson for journal records and snapshots,
-  interceptor wrappers built once per method.
+- Unary: what is left per save is Python on the event loop, ~220 µs of CPU
+  per new 8 KB state (request conversion, the domain save: cut, BLAKE3,
+  zstd, checkpoint record, journal append; the interceptors), plus ~60 µs in
+  the group committer's thread and ~40 µs in the front door's HTTP/2 thread
+  (CPU per thread, /proc, same load). With 16 clients each keeping one call
+  in flight, throughput is 16 calls per round trip; durability `none`, which
+  waits for no fsync, ran ~18% faster measured the same way (2,770 against
+  2,340 saves/s): the most a group commit off the GIL could still win. The
+  echo ratio moves with this machine's load (0.5-0.65x across runs).
+- Streaming: the front door now reads 16 requests ahead of a stream's
+  handler (it read 2, so SaveStates got one request per round trip to the
+  HTTP/2 thread and saved batches of 1-2); batches of ~7 saves cost the
+  daemon ~220 µs of CPU per save instead of ~300. What is left is the
+  domain work of each save on the one Python thread (~130 µs for an 8 KB
+  state, of which zstd ~25 µs: this CPU compresses 8 KB at ~350 MB/s even
+  at zstd's fastest levels). 3x unary would need ~120 µs per save all in:
+  the domain save of a whole batch in one native call.
+- This benchmark's clients built every 8 KB state anew (~170 µs of client
+  CPU per call, on the two cores the daemon uses) while the echo baseline
+  sent prebuilt payloads; the state is now built once, as (a) does.
+- (a) at 500 steps is sequential: each save waits for the previous. The SDK
+  cuts and hashes only what changed since the session's last state (~20 µs
+  instead of ~140 µs for 128 KB) and the daemon resumes its check of the
+  state digest where the kept chunks end. Per save, the client spends
+  ~110 µs preparing the upload and ~280 µs in the gRPC client; the daemon
+  ~540 µs of CPU (~80 in the HTTP/2 thread, ~280 on the event loop, of
+  which ~130 the domain save; the rest in the committer and worker
+  threads): ~1.0-1.2 ms in all, against ~0.7 ms for a SqliteSaver put in
+  the agent's own process. The storage engine in-process is faster than
+  SqliteSaver at both sizes; through gRPC stratad is 0.6x at 500 steps and
+  1.2x at 2,000 (larger states: SqliteSaver writes the whole state each
+  step), while storing 160-650x fewer bytes.
+- Done to get here: the native front door (its interceptor chain resolved
+  once per method, streams read ahead), client-side chunking (only new
+  chunks travel) cut incrementally, the resumed digest check, objects kept
+  off the save path (the journal carries them; the background syncer packs
+  them), group commit, a reused zstd context per thread, orjson for journal
+  records and snapshots.
+- Not done, and what each would take: a group commit off the GIL (the
+  committer thread in Rust; the fsync fault-injection tests patch Python's
+  os.fdatasync and need a native hook first), the domain save of a
+  SaveStates batch in one native call, and one write-ahead log shared by
+  all sessions instead of a journal per session.
 
 Where the bytes on disk go (the floor table splits them into objects and journals):
 
