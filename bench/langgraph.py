@@ -309,15 +309,17 @@ one), so a saver's steps/s is at most one over its put latency, and every step a
 calls put_writes. A StratadSaver put serializes the checkpoint (as SqliteSaver does),
 cuts and hashes it, and makes one gRPC call that sends only the new chunks and
 returns after the daemon's journal fsync; put_writes is a second journaled call.
-Measured alone on this machine, a SaveState of the growing state takes about 3.5 ms
-and a PutWrites about 3 ms, against 1 ms for a read-only call (GetSession): the
-fixed cost of a journaled, group-committed mutation over Python gRPC (see
-docs/design.md). SqliteSaver writes in-process, about 2-3 ms a step at 500 steps, but it
-writes the whole checkpoint every time, so its cost grows with the conversation,
-while StratadSaver sends and stores only the new chunks: at 500 steps StratadSaver
-is at about half SqliteSaver's speed, at 2,000 steps it meets the 0.8x target.
-Lowering the per-mutation latency of the daemon (the group-commit hand-off, the
-save path's Python work) is what would close the gap for short conversations.
+Measured alone on this machine (2026-11-26, median of 500 sequential calls), a
+SaveState of the growing state takes about 1.1 ms and a PutWrites about 0.7 ms,
+against 0.5 ms for a read-only call (GetSession): the fixed cost of a journaled,
+group-committed mutation over Python gRPC ([design.md](design.md#facts-about-the-machines-these-figures-come-from)); on 2026-11-22 they took
+3.5 ms and 3 ms, before the native front door and the SDK's incremental cutting
+(the Checkpoints section above). SqliteSaver writes in-process, but it writes the
+whole checkpoint every time, so its cost grows with the conversation, while
+StratadSaver sends and stores only the new chunks: at 500 steps StratadSaver is at
+0.6x SqliteSaver's speed, at 2,000 steps it meets the 0.8x target. The daemon's
+per-mutation latency (its Python work per call, the group-commit hand-off) is what
+is left between it and short conversations.
 PostgresSaver keeps one blob per channel version, so `messages` is stored whole at
 every step as with SqliteSaver (its relation sizes are after TOAST compression)."""
 
@@ -339,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         HEADING, "",
         f"Command: `python bench/langgraph.py`. Measured {machine_facts()}.",
         "A LangGraph StateGraph (`add_messages` on `messages`, plus `step` and `scratch`)",
-        "adds one message of the growing conversation (docs/design.md) per super-step,",
+        "adds one message of the growing conversation "
+        "([design.md](design.md#the-reference-workload-a-growing-conversation)) per super-step,",
         "in one `invoke` per run: one checkpoint and one `put_writes` per step, LangGraph's",
         "default durability (`async`). steps/s is over the whole invoke (graph work and",
         "serialization included, the same for every saver); bytes stored are the files the",
