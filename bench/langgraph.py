@@ -313,14 +313,14 @@ Measured alone on this machine (2026-11-26, median of 500 sequential calls), a
 SaveState of the growing state takes about 1.1 ms and a PutWrites about 0.7 ms,
 against 0.5 ms for a read-only call (GetSession): the fixed cost of a journaled,
 group-committed mutation over Python gRPC
-([design.md](design.md#facts-about-the-machines-these-figures-come-from));
-on 2026-11-22 they took 3.5 ms and 3 ms, before the native front door and the
-SDK's incremental cutting (the Checkpoints section above). SqliteSaver writes in-process, but it writes the
-whole checkpoint every time, so its cost grows with the conversation, while
-StratadSaver sends and stores only the new chunks: at 500 steps StratadSaver is at
-0.6x SqliteSaver's speed, at 2,000 steps it meets the 0.8x target. The daemon's
-per-mutation latency (its Python work per call, the group-commit hand-off) is what
-is left between it and short conversations.
+([design.md](design.md#facts-about-the-machines-these-figures-come-from)); on
+2026-11-22 they took 3.5 ms and 3 ms, before the native front door and the SDK's
+incremental cutting (the Checkpoints section above). SqliteSaver writes in-process,
+but it writes the whole checkpoint every time, so its cost grows with the
+conversation, while StratadSaver sends and stores only the new chunks: at 500 steps
+StratadSaver is at 0.6x SqliteSaver's speed, at 2,000 steps it meets the 0.8x
+target. The daemon's per-mutation latency (its Python work per call, the
+group-commit hand-off) is what is left between it and short conversations.
 PostgresSaver keeps one blob per channel version, so `messages` is stored whole at
 every step as with SqliteSaver (its relation sizes are after TOAST compression)."""
 
