@@ -307,6 +307,28 @@ def test_sdk_recovers_when_a_new_daemon_replaces_the_old_one(
 # -- AsyncClient ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("chunked_uploads", [True, False])
+def test_save_takes_the_state_beside_the_request_and_leaves_the_request_alone(
+    api: Api, chunked_uploads: bool
+) -> None:
+    """`save(request, data)`: the state kept out of the message (the LangGraph
+    saver does so: a chunked upload would copy it in only to empty it again)."""
+    with stratad.Client(api.target, chunked_uploads=chunked_uploads) as client:
+        client.create_session("s")
+        recorder = record(client)
+        for data in (b"tiny", growing_states(1)[0]):
+            request = checkpoint_pb2.SaveStateRequest(session_id="s", content_type="text/plain")
+            saved = client.save(request, data)
+            assert request == checkpoint_pb2.SaveStateRequest(
+                session_id="s", content_type="text/plain"
+            )
+            loaded = client.load_state("s", saved.checkpoint_id)
+            assert (loaded.data, loaded.checkpoint.content_type) == (data, "text/plain")
+        sent = recorder.requests("SaveState")
+        chunked = [r.HasField("chunked") for r in sent]
+        assert chunked == ([False, True] if chunked_uploads else [False, False])
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
 

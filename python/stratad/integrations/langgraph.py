@@ -215,7 +215,9 @@ class StratadSaver(BaseCheckpointSaver[str]):
         config: RunnableConfig,
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
-    ) -> tuple[checkpoint_pb2.SaveStateRequest, RunnableConfig]:
+    ) -> tuple[checkpoint_pb2.SaveStateRequest, bytes, RunnableConfig]:
+        """The save of a checkpoint: the request, its serialized state (kept out
+        of the request: the SDK sends the new chunks only), the config to return."""
         thread_id, ns = _thread_of(config)
         parent = get_checkpoint_id(config)
         full = dict(get_checkpoint_metadata(config, metadata))
@@ -225,7 +227,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
         )
         request = save_request(
             self._session(thread_id),
-            data,
+            b"",
             content_type=CONTENT_TYPE_PREFIX + type_,
             metadata=_json_safe(full),
             checkpoint_id=stratad_checkpoint_id(thread_id, ns, checkpoint["id"]),
@@ -240,7 +242,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
                 "checkpoint_id": checkpoint["id"],
             }
         }
-        return request, stored
+        return request, data, stored
 
     def _load_request(self, config: RunnableConfig) -> checkpoint_pb2.LoadStateRequest:
         thread_id, ns = _thread_of(config)
@@ -429,17 +431,17 @@ class StratadSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        request, stored = self._save_request(config, checkpoint, metadata)
+        request, data, stored = self._save_request(config, checkpoint, metadata)
         thread_id, _ = _thread_of(config)
         self._landed.starting(request.checkpoint_id)
         for _ in range(3):
             try:
-                self.client.save(request)
+                self.client.save(request, data)
                 break
             except NotFoundError as exc:
                 self._on_save_not_found(exc, request, thread_id)
         else:
-            self.client.save(request)
+            self.client.save(request, data)
         self._landed.landed(request.checkpoint_id)
         return stored
 
@@ -602,12 +604,12 @@ class StratadSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        request, stored = self._save_request(config, checkpoint, metadata)
+        request, data, stored = self._save_request(config, checkpoint, metadata)
         thread_id, _ = _thread_of(config)
         client = self._aclient()
         self._landed.starting(request.checkpoint_id)
         try:
-            return await self._aput(client, request, stored, thread_id)
+            return await self._aput(client, request, data, stored, thread_id)
         finally:
             self._landed.landed(request.checkpoint_id)
 
@@ -615,12 +617,13 @@ class StratadSaver(BaseCheckpointSaver[str]):
         self,
         client: AsyncClient,
         request: checkpoint_pb2.SaveStateRequest,
+        data: bytes,
         stored: RunnableConfig,
         thread_id: str,
     ) -> RunnableConfig:
         for _ in range(3):
             try:
-                await client.save(request)
+                await client.save(request, data)
                 return stored
             except NotFoundError as exc:
                 if f"session {request.session_id!r} not found" in exc.message:
@@ -632,7 +635,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
                     _drop_parent(request)
                 else:
                     raise
-        await client.save(request)
+        await client.save(request, data)
         return stored
 
     async def aput_writes(

@@ -149,6 +149,19 @@ def save_request(
     )
 
 
+def _whole(
+    request: checkpoint_pb2.SaveStateRequest, data: bytes | None
+) -> checkpoint_pb2.SaveStateRequest:
+    """`request` carrying its state whole (`data`, when it was kept apart; the
+    caller's request is left as it was)."""
+    if data is None:
+        return request
+    whole = checkpoint_pb2.SaveStateRequest()
+    whole.CopyFrom(request)
+    whole.data = data
+    return whole
+
+
 def _missing_chunks(exc: StratadError) -> bool:
     return isinstance(exc, FailedPreconditionError) and "chunks are missing" in exc.message
 
@@ -300,12 +313,18 @@ class Client:
     ) -> checkpoint_pb2.SaveStateResponse:
         """Save `data` as a new checkpoint (options: content_type, metadata,
         expected_version, checkpoint_id, parent_checkpoint_id, namespace)."""
-        return self.save(save_request(session_id, data, **options))
+        # `data` stays out of the message unless it is sent whole: a chunked
+        # upload would copy it in only to clear it again.
+        return self.save(save_request(session_id, b"", **options), data)
 
-    def save(self, request: checkpoint_pb2.SaveStateRequest) -> checkpoint_pb2.SaveStateResponse:
-        plan = self._uploader.plan(request) if self._uploader else None
+    def save(
+        self, request: checkpoint_pb2.SaveStateRequest, data: bytes | None = None
+    ) -> checkpoint_pb2.SaveStateResponse:
+        """Save `request`; its state is `data` when given, else the request's own
+        `data` (keeping a large state out of the message saves copying it in)."""
+        plan = self._uploader.plan(request, data) if self._uploader else None
         if plan is None:
-            return self.call(self.checkpoints.SaveState, request)  # type: ignore[no-any-return]
+            return self.call(self.checkpoints.SaveState, _whole(request, data))  # type: ignore[no-any-return]
         assert self._uploader is not None
         for _ in range(3):
             try:
@@ -321,7 +340,7 @@ class Client:
                 continue
             self._uploader.saved(plan, response.checkpoint_id)
             return response  # type: ignore[no-any-return]
-        return self.call(self.checkpoints.SaveState, request)  # type: ignore[no-any-return]
+        return self.call(self.checkpoints.SaveState, _whole(request, data))  # type: ignore[no-any-return]
 
     def load_state(
         self, session_id: str, checkpoint_id: str = "", namespace: str = ""
@@ -642,14 +661,15 @@ class AsyncClient:
     async def save_state(
         self, session_id: str, data: bytes, **options: Any
     ) -> checkpoint_pb2.SaveStateResponse:
-        return await self.save(save_request(session_id, data, **options))
+        return await self.save(save_request(session_id, b"", **options), data)
 
     async def save(
-        self, request: checkpoint_pb2.SaveStateRequest
+        self, request: checkpoint_pb2.SaveStateRequest, data: bytes | None = None
     ) -> checkpoint_pb2.SaveStateResponse:
-        plan = self._uploader.plan(request) if self._uploader else None
+        """Save `request`; its state is `data` when given (see Client.save)."""
+        plan = self._uploader.plan(request, data) if self._uploader else None
         if plan is None:
-            return await self.call(self.checkpoints.SaveState, request)  # type: ignore[no-any-return]
+            return await self.call(self.checkpoints.SaveState, _whole(request, data))  # type: ignore[no-any-return]
         assert self._uploader is not None
         for _ in range(3):
             try:
@@ -665,7 +685,7 @@ class AsyncClient:
                 continue
             self._uploader.saved(plan, response.checkpoint_id)
             return response  # type: ignore[no-any-return]
-        return await self.call(self.checkpoints.SaveState, request)  # type: ignore[no-any-return]
+        return await self.call(self.checkpoints.SaveState, _whole(request, data))  # type: ignore[no-any-return]
 
     async def load_state(
         self, session_id: str, checkpoint_id: str = "", namespace: str = ""

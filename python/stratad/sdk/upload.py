@@ -144,9 +144,13 @@ class Uploader:
         self._cuts: collections.OrderedDict[tuple[str, str], StateCut] = collections.OrderedDict()
         self._cut_bytes = 0
 
-    def plan(self, request: checkpoint_pb2.SaveStateRequest) -> UploadPlan | None:
-        """Turn a whole-state request into a chunked one (None: send as is)."""
-        data = request.data
+    def plan(
+        self, request: checkpoint_pb2.SaveStateRequest, data: bytes | None = None
+    ) -> UploadPlan | None:
+        """Turn a whole-state request into a chunked one (None: send as is).
+        `data`: the state, when the caller kept it out of `request`."""
+        if data is None:
+            data = request.data
         if len(data) < CHUNKED_MIN_BYTES:
             return None
         key = (request.session_id, request.namespace)
@@ -196,8 +200,7 @@ class Uploader:
         request = checkpoint_pb2.SaveStateRequest()
         request.CopyFrom(plan.request)
         request.ClearField("chunked")
-        request.data = plan.cut.data
-        replanned = self.plan(request)
+        replanned = self.plan(request, plan.cut.data)
         assert replanned is not None
         return replanned
 
