@@ -557,9 +557,9 @@ EXPLANATION = """What limits (b) and (a), measured:
   which ~130 the domain save; the rest in the committer and worker
   threads): ~1.0-1.2 ms in all, against ~0.7 ms for a SqliteSaver put in
   the agent's own process. The storage engine in-process is faster than
-  SqliteSaver at both sizes; through gRPC stratad is 0.6x at 500 steps and
-  1.2x at 2,000 (larger states: SqliteSaver writes the whole state each
-  step), while storing 160-650x fewer bytes.
+  SqliteSaver at both sizes; through gRPC stratad is 0.55-0.6x at 500 steps
+  and 1.2-1.7x at 2,000 across runs (larger states: SqliteSaver writes the
+  whole state each step), while storing 160-690x fewer bytes.
 - Done to get here: the native front door (its interceptor chain resolved
   once per method, streams read ahead), client-side chunking (only new
   chunks travel) cut incrementally, the resumed digest check, objects kept
