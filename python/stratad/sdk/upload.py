@@ -11,13 +11,13 @@ answers FAILED_PRECONDITION and the SDK asks FindMissingChunks and retries.
 
 Cutting and hashing the whole state again at every save would cost the
 client more than the daemon's round trip. The previous state of each session
-is kept (`StateCut`): the new one is compared with it, the chunks that lie
-wholly in their common prefix are taken as they were (FastCDC cuts depend only
-on the bytes from a chunk's start to just past its end, so they would be cut
-the same again), and
-the state digest resumes from a copy of the digester taken where a kept chunk
-ends. Only the changed tail is cut and hashed; the result is exactly what
-cutting the whole state gives (tests/unit/test_upload_cut.py holds it to that).
+is kept (`StateCut`): the new one is compared with it, the chunks that end
+before their first difference are taken as they were (FastCDC cuts depend
+only on the bytes from a chunk's start to just past its end, so they would be
+cut the same again), and the state digest resumes from a copy of the digester
+taken where a kept chunk ends. Only the changed tail is cut and hashed; the
+result is exactly what cutting the whole state gives
+(tests/unit/test_upload_cut.py holds it to that).
 
 This module is sans-I/O: the sync and async clients drive it.
 """
@@ -70,12 +70,13 @@ def cut_state(data: bytes, previous: StateCut | None = None) -> StateCut:
     ]
     # Resume the state digest at the latest copy taken at or before the first
     # recut chunk (the bytes before it are the same in both states).
-    resume = max((i for i in previous.resume_points if i <= keep), default=-1) if previous else -1
-    digester = previous.resume_points[resume].copy() if previous and resume >= 0 else None
-    if digester is None:
-        digester, resume = native.Digester(), 0
+    resume, digester = 0, native.Digester()
+    earlier = [i for i in previous.resume_points if i <= keep] if previous else []
+    if previous is not None and earlier:
+        resume = max(earlier)
+        digester = previous.resume_points[resume].copy()
     first_point = max(len(cuts) - DIGEST_RESUME_POINTS, resume)
-    position = cuts[resume][0] if cuts else 0
+    position = cuts[resume][0] if resume < len(cuts) else len(data)
     points: dict[int, native.Digester] = {}
     for index in range(first_point, len(cuts)):
         offset = cuts[index][0]
