@@ -17,6 +17,7 @@ __all__ = [
     "Digester",
     "FrontCall",
     "JaccardIndex",
+    "NativeChannel",
     "NativeFront",
     "PreparedChunk",
     "chunk_boundaries",
@@ -231,6 +232,27 @@ class NativeFront:
         """Every queued event as (kind, call, message); [] if none."""
     def shutdown(self, grace: float) -> None:
         """Stop accepting; wait up to `grace` s for calls in progress; close."""
+
+@final
+class NativeChannel:
+    """A plaintext HTTP/2 connection to a daemon for unary gRPC calls (see
+    python/stratad/sdk/native.py, its only user). Connects on first use and
+    again after the connection breaks."""
+
+    def __new__(cls, address: str, *, max_receive_bytes: int) -> NativeChannel:
+        """`address`: host:port or unix:/path; raises ValueError for others."""
+    def unary(
+        self,
+        method: str,
+        request: bytes,
+        metadata: Sequence[tuple[str, str | bytes]],
+        timeout: float,
+    ) -> tuple[bytes | None, int, str, tuple[tuple[str, str | bytes], ...], bool]:
+        """Call `method` (/package.Service/Method) with an encoded request, waiting
+        at most `timeout` s without the GIL: (response or None, status code,
+        details, trailing metadata, committed). A failure is a status, not an
+        exception; `committed` is False when the daemon had not started
+        answering (the call did not run)."""
 
 @final
 class FrontCall:

@@ -2,7 +2,8 @@
 
 Everything else imports the hot paths (digests, chunking, zstd, object
 frames, Jaccard matching, goal generalization) and the native gRPC front
-door (`NativeFront`, used by server/front.py) from here. The contract is
+door (`NativeFront`, used by server/front.py) and the SDK's native unary
+client (`NativeChannel`, used by sdk/native.py) from here. The contract is
 docs/native.md; the extension raises the exception classes of
 `stratad.errors`.
 """
@@ -22,6 +23,7 @@ from stratad._core import (
     Digester,
     FrontCall,
     JaccardIndex,
+    NativeChannel,
     NativeFront,
     PreparedChunk,
     chunk_boundaries,
@@ -57,6 +59,7 @@ __all__ = [
     "Digester",
     "FrontCall",
     "JaccardIndex",
+    "NativeChannel",
     "NativeFront",
     "PreparedChunk",
     "chunk_boundaries",

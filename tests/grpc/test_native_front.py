@@ -30,6 +30,7 @@ from stratad.api.v1 import checkpoint_pb2, checkpoint_pb2_grpc, session_pb2, ses
 from stratad.config import Config, ConfigError
 from stratad.server import front
 from stratad.server.registry import SERVICES
+from stratad.server.servicers.checkpoint import INLINE_SAVE_BYTES
 
 DEADLINE = 15.0
 
@@ -318,7 +319,11 @@ def test_stream_read_ahead_is_charged_and_given_back(inprocess_server: Callable[
     server = inprocess_server(SERVICES, max_inflight_bytes=64 << 20)
     budget = server.resources.budget
     channel, sessions, checkpoints = _stubs(server.target)
-    size, count = 100_000, 10
+    # Small enough that any batch of them is saved on the event loop, where the
+    # held commit holds it (a batch over INLINE_SAVE_BYTES goes to a worker and
+    # fsyncs there, not held: the rest would then be answered, not read ahead).
+    size, count = 8_000, 10
+    assert size * count <= INLINE_SAVE_BYTES
     with channel:
         sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="ra"), timeout=DEADLINE)
         undo = _slow_commits(server, 60.0)  # the first save holds; the rest wait read ahead

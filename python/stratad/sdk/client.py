@@ -15,8 +15,8 @@ chunks the daemon lacks (see sdk/upload.py).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any, TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -24,6 +24,7 @@ from google.protobuf import struct_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from stratad import tracing
 from stratad.api.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -40,6 +41,7 @@ from stratad.errors import (
     StratadError,
 )
 from stratad.sdk.connection import DEFAULT_ADDRESS, TENANT_HEADER, Connection, TLSConfig
+from stratad.sdk.native import NativeUnaryChannel
 from stratad.sdk.upload import Uploader, UploadPlan
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "to_error",
 ]
 M = TypeVar("M")
+S = TypeVar("S")
 
 _RETRY_POLICY = {
     "methodConfig": [
@@ -162,6 +165,19 @@ def _whole(
     return whole
 
 
+def _native_channel(connection: Connection, max_message_bytes: int) -> NativeUnaryChannel | None:
+    """The native channel for unary calls, on a plaintext host:port or unix:
+    address; None otherwise: TLS, an address form only grpcio resolves, or an
+    application that traces (its CLIENT spans come from the instrumented
+    grpcio channel, see stratad.tracing)."""
+    if connection.tls is not None or tracing.client_tracer_provider() is not None:
+        return None
+    try:
+        return NativeUnaryChannel(connection.address, max_message_bytes=max_message_bytes)
+    except ValueError:
+        return None
+
+
 def _missing_chunks(exc: StratadError) -> bool:
     return isinstance(exc, FailedPreconditionError) and "chunks are missing" in exc.message
 
@@ -177,7 +193,9 @@ class Client:
     ``address`` (``HOST:PORT`` or ``unix:/path``), ``tenant``, ``token`` (a
     bearer token) and ``tls`` (a `TLSConfig`, True or False) default to the
     STRATAD_* variables when None or empty; see `stratad.sdk.connection`.
-    Safe to share between threads.
+    Safe to share between threads. On a plaintext connection its unary calls
+    go over the native HTTP/2 client (`native_calls`; sdk/native.py), streams
+    and TLS connections over grpcio.
     """
 
     def __init__(
@@ -190,6 +208,7 @@ class Client:
         timeout: float = 30.0,
         chunked_uploads: bool = True,
         max_message_bytes: int = 64 << 20,
+        native_calls: bool = True,
     ) -> None:
         self.connection = Connection.resolve(address, tenant=tenant, token=token, tls=tls)
         self.address = self.connection.address
@@ -197,10 +216,19 @@ class Client:
         self.timeout = timeout
         self._metadata = self.connection.metadata
         self._channel = self.connection.channel(channel_options(max_message_bytes))
-        self.sessions = session_pb2_grpc.SessionServiceStub(self._channel)
-        self.checkpoints = checkpoint_pb2_grpc.CheckpointServiceStub(self._channel)
-        self.admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._native = _native_channel(self.connection, max_message_bytes) if native_calls else None
+        self.sessions = self._stub(session_pb2, session_pb2_grpc.SessionServiceStub)
+        self.checkpoints = self._stub(checkpoint_pb2, checkpoint_pb2_grpc.CheckpointServiceStub)
+        self.admin = self._stub(admin_pb2, admin_pb2_grpc.AdminServiceStub)
         self._uploader = Uploader() if chunked_uploads else None
+
+    def _stub(self, module: Any, stub_class: Callable[[grpc.Channel], S]) -> S:
+        """The service's stub: unary methods over the native channel when there is one."""
+        stub = stub_class(self._channel)
+        if self._native is None:
+            return stub
+        name = stub_class.__name__.removesuffix("Stub")
+        return cast(S, self._native.stub(module.DESCRIPTOR.services_by_name[name], stub))
 
     @classmethod
     def from_connection(cls, connection: Connection, **options: Any) -> Client:
@@ -221,6 +249,8 @@ class Client:
 
     def close(self) -> None:
         self._channel.close()
+        if self._native is not None:
+            self._native.close()
 
     @property
     def channel(self) -> grpc.Channel:

@@ -22,10 +22,12 @@ pub enum Code {
     Unknown = 2,
     InvalidArgument = 3,
     DeadlineExceeded = 4,
+    PermissionDenied = 7,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Internal = 13,
     Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 /// Headers of the protocol itself: not metadata a handler sees.
@@ -78,6 +80,22 @@ pub fn metadata_of(headers: &HeaderMap) -> Result<Vec<(String, MetadataValue)>, 
         out.push((key.to_owned(), value));
     }
     Ok(out)
+}
+
+/// The header value that carries one metadata value (`-bin` keys: base64).
+pub fn metadata_header(key: &str, value: &MetadataValue) -> Result<HeaderValue, String> {
+    let value = match value {
+        MetadataValue::Binary(bytes) if key.ends_with("-bin") => {
+            HeaderValue::from_str(&STANDARD_NO_PAD.encode(bytes))
+        }
+        MetadataValue::Text(text) if !key.ends_with("-bin") => HeaderValue::from_str(text),
+        _ => {
+            return Err(format!(
+                "metadata {key}: bytes go with -bin keys, text with others"
+            ))
+        }
+    };
+    value.map_err(|_| format!("metadata {key} is not printable ASCII"))
 }
 
 /// The deadline a `grpc-timeout` header sets ("100m" = 100 ms); None if absent.

@@ -15,10 +15,12 @@
 //! message and one place (the daemon) where requests are checked.
 
 mod call;
+mod client;
 mod grpc;
 mod proxy;
 mod server;
 
 pub use call::{CallHandle, Event, EventKind, EventQueue, MetadataValue};
+pub use client::{Target, UnaryClient, UnaryReply};
 pub use grpc::Code;
 pub use server::{Front, FrontConfig};

@@ -186,7 +186,9 @@ impl FrontCall {
     }
 }
 
-fn metadata_value((key, value): (String, Bound<'_, PyAny>)) -> PyResult<(String, MetadataValue)> {
+pub(crate) fn metadata_value(
+    (key, value): (String, Bound<'_, PyAny>),
+) -> PyResult<(String, MetadataValue)> {
     if let Ok(bytes) = value.cast::<PyBytes>() {
         return Ok((key, MetadataValue::Binary(bytes.as_bytes().to_vec())));
     }

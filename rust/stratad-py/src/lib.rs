@@ -16,6 +16,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyType};
 use stratad_core as core;
 
+mod client;
 mod front;
 
 /// Inputs above this many bytes (or items) are processed with the GIL
@@ -695,6 +696,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CrystalIndex>()?;
     m.add_class::<front::NativeFront>()?;
     m.add_class::<front::FrontCall>()?;
+    m.add_class::<client::NativeChannel>()?;
     m.add_function(wrap_pyfunction!(digest, m)?)?;
     m.add_function(wrap_pyfunction!(digest_hex, m)?)?;
     m.add_function(wrap_pyfunction!(common_prefix_length, m)?)?;
