@@ -10,6 +10,9 @@
 //! checks, reflection, server streams, compressed calls) unchanged to the
 //! daemon's grpc.aio server on a private unix socket ([`proxy`]).
 //!
+//! [`UnaryClient`] is the other direction: the Python SDK's blocking client
+//! sends its unary calls through it (see `client.rs`).
+//!
 //! Nothing here knows a message type: requests and responses stay encoded
 //! protobuf, decoded by the daemon, so there is one definition of every
 //! message and one place (the daemon) where requests are checked.
