@@ -205,3 +205,16 @@ def test_the_native_channel_reports_failures_as_statuses(api: Api) -> None:
         channel.unary("/a.B/C", b"", [("k", 1)], 1.0)
     with pytest.raises(ValueError, match="address"):
         native.NativeChannel("http://x/y", max_receive_bytes=10)
+
+
+def test_future_and_with_call_work_as_on_grpc_stubs(api: Api) -> None:
+    with stratad.Client(api.target) as client:
+        client.create_session("s")
+        request = session_pb2.GetSessionRequest(session_id="s")
+        future = client.sessions.GetSession.future(request, timeout=5, metadata=client.metadata)
+        assert future.result().session.session_id == "s"
+        response, call = client.sessions.GetSession.with_call(
+            request, timeout=5, metadata=client.metadata
+        )
+        assert response.session.session_id == "s"
+        assert call.code() == grpc.StatusCode.OK

@@ -123,14 +123,22 @@ class NativeUnaryChannel:
 
 class UnaryMethod:
     """One unary method, called as a grpcio stub's method is:
-    ``method(request, timeout=..., metadata=...)``."""
+    ``method(request, timeout=..., metadata=...)``. Its ``future`` and
+    ``with_call`` are the grpcio method's (asynchronous calls, initial
+    metadata), so code written against grpcio stubs keeps working."""
 
-    __slots__ = ("_channel", "_decode", "_path")
+    __slots__ = ("_channel", "_decode", "_path", "future", "with_call")
 
     def __init__(
-        self, channel: NativeUnaryChannel, path: str, decode: Callable[[bytes], Any]
+        self,
+        channel: NativeUnaryChannel,
+        path: str,
+        decode: Callable[[bytes], Any],
+        grpc_method: Any,
     ) -> None:
         self._channel, self._path, self._decode = channel, path, decode
+        self.future = grpc_method.future
+        self.with_call = grpc_method.with_call
 
     def __call__(
         self,
@@ -152,7 +160,8 @@ class NativeStub:
                 continue
             response = message_factory.GetMessageClass(method.output_type)
             path = f"/{service.full_name}/{method.name}"
-            setattr(self, method.name, UnaryMethod(channel, path, response.FromString))
+            grpc_method = getattr(grpc_stub, method.name)
+            setattr(self, method.name, UnaryMethod(channel, path, response.FromString, grpc_method))
 
     def __getattr__(self, name: str) -> Any:  # for type checkers: methods are set above
         raise AttributeError(name)
