@@ -52,6 +52,8 @@ from stratad.store.tenant import StaleBaseError, StoredState
 MAX_METADATA_BYTES = 1 << 20
 #: Digesters kept at the starts of an upload's last chunks (`_check_state_digest`).
 DIGEST_RESUME_POINTS = 2
+#: Uploads per live session whose resume points are kept (~4 KB each).
+DIGEST_RESUME_UPLOADS = 2
 ENTRY_SIZE = manifest.ENTRY.size
 MAX_CONTENT_TYPE = 256
 MAX_NAME = 256
@@ -137,9 +139,44 @@ class Checkpoints:
             except StaleBaseError:
                 continue
             if prepared.resume_points:
-                live.digest_resume = (result.checkpoint.checkpoint_id, prepared.resume_points)
+                _keep_resume_points(live, result.checkpoint.checkpoint_id, prepared.resume_points)
             return result
         raise FailedPreconditionError("the state's base kept changing; retry the save")
+
+    def save_work(self, tenant: str, session_id: str, inp: SaveInput) -> int:
+        """Bytes a save will hash, decode or compress: what decides whether it
+        may run on the event loop (server/servicers/checkpoint.py).
+
+        A whole state is its size. An upload is judged by what it *declares*
+        (100 KB of frames can decode to gigabytes): the lengths of the chunks
+        it lists and of its frames, plus the bytes its digest check must hash
+        before them, that is the whole state, unless the check resumes where
+        the session's last upload left off (`_resume_digest`): then only the
+        kept base chunks after the resume point. A growing state saved step
+        by step so costs its new bytes, however large it has become. Never
+        raises: anything unusual is judged by the declared size.
+        """
+        if inp.upload is None:
+            return len(inp.data or b"")
+        up = inp.upload
+        new = sum(length for _, length in up.chunks) + sum(len(f) for f in up.frames)
+        try:
+            return new + self._kept_bytes_to_hash(tenant, session_id, up)
+        except StratadError:
+            return up.size + new
+
+    def _kept_bytes_to_hash(self, tenant: str, session_id: str, up: ChunkUpload) -> int:
+        live = self.sessions.live(tenant, session_id)
+        _, start = _resume_digest(live, up)
+        if start == 0:
+            return up.size  # the whole state is hashed
+        with live.lock:
+            base = live.state.checkpoints.get(up.base_checkpoint_id)
+        if base is None:
+            return up.size
+        entries = live.tenant.entries_of(base.root, base.root_kind, base.size)
+        kept = entries[start * ENTRY_SIZE : up.keep * ENTRY_SIZE]
+        return manifest.total_length(kept)
 
     def save_many(
         self,
@@ -840,10 +877,26 @@ _is_digest = re.compile("[0-9a-f]{64}").fullmatch
 def _resume_digest(live: LiveSession, up: ChunkUpload) -> tuple[native.Digester, int]:
     """Where an upload's digest check starts: a digester fed with the state's
     bytes before chunk `start` (a copy kept from its base's check), or (new, 0)."""
-    resume = live.digest_resume
-    if resume is not None and up.keep and resume[0] == up.base_checkpoint_id:
-        points = resume[1]
+    points = live.digest_resume.get(up.base_checkpoint_id) if up.keep else None
+    if points:
         start = max((i for i in points if i <= up.keep), default=-1)
         if start >= 0:
             return points[start].copy(), start
     return native.Digester(), 0
+
+
+def _keep_resume_points(
+    live: LiveSession, checkpoint_id: str, points: dict[int, native.Digester]
+) -> None:
+    """Remember where uploads on `checkpoint_id` may resume their digest check.
+
+    Those of the last DIGEST_RESUME_UPLOADS uploads are kept, not only the
+    last one's: a save judged cheap enough for the event loop because its
+    check resumes (`save_work`) still resumes when another save of the
+    session landed in between.
+    """
+    with live.lock:
+        kept = live.digest_resume
+        kept[checkpoint_id] = points
+        while len(kept) > DIGEST_RESUME_UPLOADS:
+            del kept[next(iter(kept))]

@@ -104,10 +104,11 @@ class LiveSession:
     accessed_at: float = field(default_factory=time.time)
     #: time.monotonic() of the last record appended (idle compaction).
     appended_at: float = field(default_factory=time.monotonic)
-    #: For the last chunked upload saved: its checkpoint ID and, by chunk index,
-    #: digesters fed with the state's bytes before that chunk (the next
-    #: upload's digest check resumes there; see Checkpoints._check_state_digest).
-    digest_resume: tuple[str, dict[int, Any]] | None = None
+    #: For the last chunked uploads saved (at most DIGEST_RESUME_UPLOADS of
+    #: domain/checkpoints.py), by checkpoint ID: by chunk index, digesters fed
+    #: with the state's bytes before that chunk (an upload on that checkpoint
+    #: resumes its digest check there; see Checkpoints._check_state_digest).
+    digest_resume: dict[str, dict[int, Any]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:

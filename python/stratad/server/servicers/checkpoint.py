@@ -23,29 +23,11 @@ from stratad.server.servicers.convert import (
 
 #: Most requests of one SaveStates stream saved in one batch.
 MAX_BATCH = 64
-#: Saves up to this size run on the event loop (see Servicer.mutate); larger
-#: ones would hold it up with chunking and compression, so they go to a thread.
+#: Saves whose work is at most this many bytes run on the event loop (see
+#: Servicer.mutate); larger ones would hold it up with hashing, decoding and
+#: compression, so they go to a thread. The work of a chunked upload is what
+#: it declares, less what its digest check can skip (Checkpoints.save_work).
 INLINE_SAVE_BYTES = 128 << 10
-
-
-def _small(request: checkpoint_pb2.SaveStateRequest) -> bool:
-    """May this save run on the event loop? Judged by what it *declares*.
-
-    The work of a save grows with the state's size, not with the bytes on
-    the wire: 100 KB of compressed frames can expand to gigabytes. A chunked
-    upload's frames must each decode to the length listed for them and the
-    lengths must add up to `size` (checked before decoding anything), so
-    `size` bounds its work.
-    """
-    return _work(request) <= INLINE_SAVE_BYTES
-
-
-def _work(request: checkpoint_pb2.SaveStateRequest) -> int:
-    """Bytes a save will hash, compress or decode: its declared size, or its wire size."""
-    if request.HasField("chunked"):
-        c = request.chunked
-        return max(c.size, sum(len(f) for f in c.frames))
-    return len(request.data)
 
 
 async def _pump(
@@ -116,9 +98,11 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def _save(
         self, tenant: str, request: checkpoint_pb2.SaveStateRequest
     ) -> checkpoint_pb2.SaveStateResponse:
-        save = self.mutate if _small(request) else self.run
-        result = await save(
-            self.engine.checkpoints.save_state, tenant, request.session_id, save_input(request)
+        inp = save_input(request)
+        checkpoints = self.engine.checkpoints
+        small = checkpoints.save_work(tenant, request.session_id, inp) <= INLINE_SAVE_BYTES
+        result = await (self.mutate if small else self.run)(
+            checkpoints.save_state, tenant, request.session_id, inp
         )
         return save_to_pb(result)
 
@@ -284,7 +268,9 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             else:
                 outcomes.append(None)
         # The whole batch runs in one event-loop slice: bound its total work.
-        small = sum(_work(item.request) for item in batch) <= INLINE_SAVE_BYTES
+        checkpoints = self.engine.checkpoints
+        work = sum(checkpoints.save_work(tenant, session, inp) for session, inp in items)
+        small = work <= INLINE_SAVE_BYTES
         save = self.mutate if small else self.run
         try:
             results = iter(await save(self.engine.checkpoints.save_many, tenant, items))
