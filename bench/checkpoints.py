@@ -80,10 +80,23 @@ class GrowingResult:
         return self.steps / self.seconds
 
 
-def run_stratad(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
+STRATAD = "stratad (gRPC, fsync)"
+#: The same, with the SDK's unary calls over grpcio instead of its native
+#: HTTP/2 client (docs/clients.md): what the SDK's transport costs.
+STRATAD_GRPCIO = "stratad (gRPC, fsync), SDK over grpcio"
+SQLITE = "LangGraph SqliteSaver (in-process)"
+ENGINE = "stratad engine (in-process, fsync)"
+
+
+def run_stratad(
+    steps: int, states: Callable[[], Iterator[bytes]], *, native_calls: bool = True
+) -> GrowingResult:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = Path(tmp) / "data"
-        with daemon(data_dir) as address, stratad.Client(address) as client:
+        with (
+            daemon(data_dir) as address,
+            stratad.Client(address, native_calls=native_calls) as client,
+        ):
             client.create_session("conversation")
             spent = 0.0
             logical = 0
@@ -96,9 +109,12 @@ def run_stratad(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingRes
             assert last.data == state, "stratad returned other bytes than saved"
             apparent, allocated = disk_usage(data_dir)
             parts = stratad_parts(data_dir)
-        return GrowingResult(
-            "stratad (gRPC, fsync)", steps, spent, apparent, allocated, logical, parts
-        )
+        store = STRATAD if native_calls else STRATAD_GRPCIO
+        return GrowingResult(store, steps, spent, apparent, allocated, logical, parts)
+
+
+def run_stratad_grpcio(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
+    return run_stratad(steps, states, native_calls=False)
 
 
 def stratad_parts(data_dir: Path) -> tuple[int, int]:
@@ -131,9 +147,7 @@ def run_engine(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResu
             engine.close()
         apparent, allocated = disk_usage(data_dir)
         parts = stratad_parts(data_dir)
-    return GrowingResult(
-        "stratad engine (in-process, fsync)", steps, spent, apparent, allocated, logical, parts
-    )
+    return GrowingResult(ENGINE, steps, spent, apparent, allocated, logical, parts)
 
 
 def run_sqlite(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResult:
@@ -154,9 +168,7 @@ def run_sqlite(steps: int, states: Callable[[], Iterator[bytes]]) -> GrowingResu
             logical += len(state)
         conn.close()
         apparent, allocated = disk_usage(Path(tmp))
-    return GrowingResult(
-        "LangGraph SqliteSaver (in-process)", steps, spent, apparent, allocated, logical
-    )
+    return GrowingResult(SQLITE, steps, spent, apparent, allocated, logical)
 
 
 def final_state_zstd(steps: int) -> int:
@@ -178,7 +190,7 @@ def bench_growing(step_counts: Sequence[int], runs: int = GROWING_RUNS) -> list[
         def states(steps: int = steps) -> Iterator[bytes]:
             return _workload.conversation_states(steps)
 
-        stores = (run_stratad, run_sqlite, run_engine)
+        stores = (run_stratad, run_stratad_grpcio, run_sqlite, run_engine)
         by_store: list[list[GrowingResult]] = [[] for _ in stores]
         for _ in range(runs):  # interleaved, so a slow spell hits every store alike
             for store, done in zip(stores, by_store, strict=True):
@@ -201,11 +213,10 @@ def growing_table(results: Sequence[GrowingResult]) -> str:
     by_steps: dict[int, dict[str, GrowingResult]] = {}
     for r in results:
         by_steps.setdefault(r.steps, {})[r.store] = r
-    for steps, pair in by_steps.items():
-        ours = next(r for name, r in pair.items() if name.startswith("stratad (gRPC"))
-        sqlite = next(r for name, r in pair.items() if name.startswith("LangGraph"))
-        engine = next(r for name, r in pair.items() if name.startswith("stratad engine"))
-        for r in (ours, sqlite, engine):
+    for steps, stores in by_steps.items():
+        ours, sqlite = stores[STRATAD], stores[SQLITE]
+        for name in (STRATAD, STRATAD_GRPCIO, SQLITE, ENGINE):
+            r = stores[name]
             rows.append([
                 str(steps), r.store, fmt_bytes(r.logical), fmt_bytes(r.apparent),
                 fmt_bytes(r.allocated), f"{r.cps:.0f}", _runs(r),
@@ -225,7 +236,7 @@ def floor_table(results: Sequence[GrowingResult]) -> str:
     """Allocated bytes of each stratad row against zstd of the final state."""
     rows = []
     for r in results:
-        if r.store.startswith("LangGraph"):
+        if r.store in (SQLITE, STRATAD_GRPCIO):  # the grpcio row stores as STRATAD does
             continue
         floor = final_state_zstd(r.steps)
         rows.append([str(r.steps), r.store, fmt_bytes(floor), fmt_bytes(r.allocated),
@@ -446,21 +457,21 @@ def concurrency_table(results: Sequence[ConcurrencyResult]) -> str:
 
 
 def targets(growing: Sequence[GrowingResult], conc: Sequence[ConcurrencyResult]) -> str:
-    by = {(r.store.split()[0], r.steps): r for r in growing if "engine" not in r.store}
+    by = {(r.store, r.steps): r for r in growing}
     lines = []
     top = max(r.steps for r in growing)
-    ours, sq = by[("stratad", top)], by[("LangGraph", top)]
+    ours, sq = by[(STRATAD, top)], by[(SQLITE, top)]
     ratio = sq.apparent / ours.apparent
     lines.append(f"- bytes at {top} steps: {ratio:.0f}x fewer than SqliteSaver "
                  f"(target >= 100x): {'met' if ratio >= 100 else 'NOT met'}")  # fmt: skip
     low = min(r.steps for r in growing)
-    ours, sq = by[("stratad", low)], by[("LangGraph", low)]
+    ours, sq = by[(STRATAD, low)], by[(SQLITE, low)]
     lines.append(f"- checkpoints/s at {low} steps: {ours.cps / sq.cps:.2f}x SqliteSaver "
                  f"(target >= 1x, stretch 1.5x): "
                  f"{'met' if ours.cps >= sq.cps else 'NOT met'}")  # fmt: skip
     for steps in sorted({r.steps for r in growing}):
         floor = final_state_zstd(steps)
-        ratio = by[("stratad", steps)].allocated / floor
+        ratio = by[(STRATAD, steps)].allocated / floor
         stretch = ", stretch 3x" if steps == top else ""
         verdict = "met" if ratio <= 10 else "NOT met"
         lines.append(f"- disk at {steps} steps: allocated {ratio:.1f}x zstd(final state) "
@@ -493,21 +504,33 @@ def _per_call(fn: Callable[[], object], n: int) -> float:
 
 
 def bench_breakdown(n: int) -> list[tuple[str, float]]:
-    """Sequential 3 KB calls: transport, a trivial RPC, a save without and with fsync."""
+    """Sequential 3 KB calls: transport, a trivial RPC, a save without and with
+    fsync; the SDK over grpcio beside its native HTTP/2 client."""
     rows = []
     with echo_server() as echo, grpc.insecure_channel(echo) as channel:
         call = channel.unary_unary("/bench.Echo/Unary")
-        rows.append(("echo server, unary call (transport only)", _per_call(lambda: call(SMALL), n)))
+        rows.append(("echo server, grpcio client (transport only)", _per_call(
+            lambda: call(SMALL), n)))  # fmt: skip
     for durability in ("none", "fsync"):
-        with tempfile.TemporaryDirectory() as tmp:
-            extra = ("--durability", durability)
-            with daemon(Path(tmp) / "data", *extra) as address, stratad.Client(address) as c:
-                c.create_session("s")
-                if durability == "none":
-                    rows.append(("stratad GetSession (a trivial RPC)", _per_call(
-                        lambda: c.get_session("s"), n)))  # fmt: skip
-                rows.append((f"stratad SaveState, durability {durability}", _per_call(
-                    lambda: c.save_state("s", SMALL), n)))  # fmt: skip
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            daemon(Path(tmp) / "data", "--durability", durability) as address,
+        ):
+            for native_calls in (False, True):
+                rows += _sdk_rows(address, durability, native_calls, n)
+    return rows
+
+
+def _sdk_rows(address: str, durability: str, native_calls: bool, n: int) -> list[tuple[str, float]]:
+    transport = "native client" if native_calls else "grpcio"
+    rows = []
+    with stratad.Client(address, native_calls=native_calls) as c:
+        session = c.create_session().session_id
+        if durability == "none":
+            rows.append((f"stratad GetSession (a trivial RPC), SDK over {transport}", _per_call(
+                lambda: c.get_session(session), n)))  # fmt: skip
+        rows.append((f"stratad SaveState, durability {durability}, SDK over {transport}",
+                     _per_call(lambda: c.save_state(session, SMALL), n)))  # fmt: skip
     return rows
 
 
