@@ -166,17 +166,14 @@ class Checkpoints:
             return up.size + new
 
     def _kept_bytes_to_hash(self, tenant: str, session_id: str, up: ChunkUpload) -> int:
+        """At most what the digest check hashes before the listed chunks: the
+        base's bytes from the resume point on (the whole state without one)."""
         live = self.sessions.live(tenant, session_id)
-        _, start = _resume_digest(live, up)
-        if start == 0:
-            return up.size  # the whole state is hashed
-        with live.lock:
-            base = live.state.checkpoints.get(up.base_checkpoint_id)
-        if base is None:
+        point, _ = _resume_point(live, up)
+        base = live.state.checkpoints.get(up.base_checkpoint_id) if point is not None else None
+        if point is None or base is None:
             return up.size
-        entries = live.tenant.entries_of(base.root, base.root_kind, base.size)
-        kept = entries[start * ENTRY_SIZE : up.keep * ENTRY_SIZE]
-        return manifest.total_length(kept)
+        return max(base.size - point.count, 0)
 
     def save_many(
         self,
@@ -877,12 +874,18 @@ _is_digest = re.compile("[0-9a-f]{64}").fullmatch
 def _resume_digest(live: LiveSession, up: ChunkUpload) -> tuple[native.Digester, int]:
     """Where an upload's digest check starts: a digester fed with the state's
     bytes before chunk `start` (a copy kept from its base's check), or (new, 0)."""
+    point, start = _resume_point(live, up)
+    return (point.copy(), start) if point is not None else (native.Digester(), 0)
+
+
+def _resume_point(live: LiveSession, up: ChunkUpload) -> tuple[native.Digester | None, int]:
+    """The kept digester an upload's check may resume from, and its chunk index."""
     points = live.digest_resume.get(up.base_checkpoint_id) if up.keep else None
     if points:
         start = max((i for i in points if i <= up.keep), default=-1)
         if start >= 0:
-            return points[start].copy(), start
-    return native.Digester(), 0
+            return points[start], start
+    return None, 0
 
 
 def _keep_resume_points(
