@@ -252,7 +252,9 @@ class NativeChannel:
         at most `timeout` s without the GIL: (response or None, status code,
         details, trailing metadata, committed). A failure is a status, not an
         exception; `committed` is False when the daemon had not started
-        answering (the call did not run)."""
+        answering (the call did not run). Signals are checked every 50 ms
+        while it waits: an exception a signal handler raises (Ctrl-C's
+        KeyboardInterrupt) abandons the call and is raised here."""
 
 @final
 class FrontCall:

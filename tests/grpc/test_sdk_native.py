@@ -7,6 +7,8 @@ reached the daemon, and a transparent reconnect after the daemon restarts.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -218,3 +220,81 @@ def test_future_and_with_call_work_as_on_grpc_stubs(api: Api) -> None:
         )
         assert response.session.session_id == "s"
         assert call.code() == grpc.StatusCode.OK
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_signal_interrupts_a_waiting_call_before_its_deadline(black_hole: str) -> None:
+    """Ctrl-C must not wait for the deadline: a waiting call checks for signals."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+    try:
+        with stratad.Client(black_hole, timeout=60) as client:
+            started = time.monotonic()
+            timer.start()
+            with pytest.raises(Interrupted):
+                client.get_session("s")
+            assert time.monotonic() - started < 10
+    finally:
+        timer.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_threads_share_a_client(api: Api) -> None:
+    with stratad.Client(api.target) as client:
+        client.create_session("s")
+        failures: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                for i in range(30):
+                    client.save_state("s", b"%d-%d" % (n, i))
+                    assert client.get_session("s").session_id == "s"
+            except BaseException as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        assert client.get_session("s").version == 1 + 8 * 30
+
+
+def test_large_states_go_and_come_back_whole(api: Api) -> None:
+    data = os.urandom(12 << 20)
+    with stratad.Client(api.target, chunked_uploads=False) as client:
+        client.create_session("s")
+        client.save_state("s", data)
+        assert client.load_state("s").data == data
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_its_own_connection(api: Api) -> None:
+    with stratad.Client(api.target) as client:
+        client.create_session("s")
+        assert client._native is not None
+        inherited = client._native._channel
+        pid = os.fork()
+        if pid == 0:  # the child: its calls must work, and leave the parent's alone
+            code = 1
+            try:
+                client.save_state("s", b"from the child")
+                code = 0 if client.load_state("s").data == b"from the child" else 2
+                # Two processes on one HTTP/2 connection would reuse stream IDs
+                # and read each other's answers: the child has its own.
+                code = code or (3 if client._native._channel is inherited else 0)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert client.load_state("s").data == b"from the child"
+        client.save_state("s", b"from the parent")
+        assert client.load_state("s").data == b"from the parent"

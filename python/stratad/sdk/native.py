@@ -8,11 +8,14 @@ without the GIL) and keeps grpcio for streams and TLS. What callers see does
 not change: the same messages, a failure raised as a `grpc.RpcError` with
 code, details and trailing metadata (so `to_error` maps it), and the retry
 policy of the grpcio channel (`UNAVAILABLE` before the daemon started
-answering: up to 5 attempts, exponential backoff with jitter).
+answering: up to 5 attempts, exponential backoff with jitter). A call waits
+without the GIL but checks for signals every 50 ms (Ctrl-C interrupts it); a
+forked child opens its own connection on its first call.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -34,6 +37,8 @@ BACKOFF_MULTIPLIER = 2.0
 NO_DEADLINE = 365 * 86400.0
 
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
+#: Channels a forked child inherited from its parent: kept, never dropped.
+_LEFT_BY_FORK: list[native.NativeChannel] = []
 
 
 class NativeRpcError(grpc.RpcError):  # type: ignore[misc]
@@ -68,15 +73,36 @@ class NativeUnaryChannel:
     def __init__(self, address: str, *, max_message_bytes: int) -> None:
         # As channel_options: the daemon's limit plus room for the envelope.
         self._limit = max_message_bytes + (1 << 20)
-        self._channel: native.NativeChannel | None = native.NativeChannel(
-            address, max_receive_bytes=self._limit
-        )
+        self._address = address
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._channel: native.NativeChannel | None = self._connect()
+
+    def _connect(self) -> native.NativeChannel:
+        return native.NativeChannel(self._address, max_receive_bytes=self._limit)
 
     def close(self) -> None:
         """Close the connection; later calls raise ValueError, as grpcio's do."""
         with self._lock:
             self._channel = None
+
+    def _current(self) -> native.NativeChannel:
+        """The channel of this process: a forked child gets its own connection."""
+        channel = self._channel
+        if channel is None:
+            raise ValueError("Cannot invoke RPC on closed channel!")
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid() and self._channel is not None:
+                    # The parent's connection is shared with the parent: never
+                    # used or closed here (closing would unregister its socket
+                    # from the parent's poller too).
+                    _LEFT_BY_FORK.append(self._channel)
+                    self._channel, self._pid = self._connect(), os.getpid()
+                channel = self._channel
+            if channel is None:
+                raise ValueError("Cannot invoke RPC on closed channel!")
+        return channel
 
     def stub(self, service: ServiceDescriptor, grpc_stub: Any) -> NativeStub:
         return NativeStub(self, service, grpc_stub)
@@ -89,9 +115,7 @@ class NativeUnaryChannel:
         timeout: float | None,
         metadata: Sequence[tuple[str, str | bytes]] | None,
     ) -> Any:
-        channel = self._channel
-        if channel is None:
-            raise ValueError("Cannot invoke RPC on closed channel!")
+        channel = self._current()
         payload = request.SerializeToString()
         if len(payload) > self._limit:
             raise NativeRpcError(

@@ -98,6 +98,9 @@ impl UnaryReply {
 
 type Sender = SendRequest<Full<Bytes>>;
 
+/// How often a waiting call asks whether it was interrupted.
+pub const INTERRUPT_CHECK: Duration = Duration::from_millis(50);
+
 pub struct UnaryClient {
     runtime: Runtime,
     target: Target,
@@ -131,17 +134,42 @@ impl UnaryClient {
         metadata: &[(String, MetadataValue)],
         timeout: Duration,
     ) -> UnaryReply {
+        self.call_interruptible(path, message, metadata, timeout, || false)
+            .unwrap_or_else(|| UnaryReply::failed(Code::Cancelled, "interrupted"))
+    }
+
+    /// [`call`](Self::call), asking `interrupted` every [`INTERRUPT_CHECK`]
+    /// while it waits: when it answers true the call is abandoned (its
+    /// stream reset, as a cancelled grpc call is) and None returned. The
+    /// Python binding checks for signals there, so Ctrl-C does not wait for
+    /// the deadline.
+    pub fn call_interruptible(
+        &self,
+        path: &str,
+        message: &[u8],
+        metadata: &[(String, MetadataValue)],
+        timeout: Duration,
+        mut interrupted: impl FnMut() -> bool,
+    ) -> Option<UnaryReply> {
         let request = match self.request(path, message, metadata, timeout) {
             Ok(request) => request,
-            Err(text) => return UnaryReply::failed(Code::Internal, text),
+            Err(text) => return Some(UnaryReply::failed(Code::Internal, text)),
         };
         self.runtime.block_on(async {
-            match tokio::time::timeout(timeout, self.exchange(request)).await {
-                Ok(reply) => reply,
-                Err(_) => UnaryReply {
-                    committed: true, // it may have run: never retried
-                    ..UnaryReply::failed(Code::DeadlineExceeded, "Deadline Exceeded")
-                },
+            let exchange = tokio::time::timeout(timeout, self.exchange(request));
+            tokio::pin!(exchange);
+            loop {
+                tokio::select! {
+                    outcome = &mut exchange => return Some(outcome.unwrap_or_else(|_| UnaryReply {
+                        committed: true, // it may have run: never retried
+                        ..UnaryReply::failed(Code::DeadlineExceeded, "Deadline Exceeded")
+                    })),
+                    _ = tokio::time::sleep(INTERRUPT_CHECK) => {
+                        if interrupted() {
+                            return None;
+                        }
+                    }
+                }
             }
         })
     }
@@ -485,6 +513,26 @@ mod tests {
             http_failure(StatusCode::OK, &html).unwrap().code,
             Code::Unknown as u32
         );
+    }
+
+    #[test]
+    fn an_interrupted_call_is_abandoned_before_its_deadline() {
+        // A peer that accepts and never answers.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let client = UnaryClient::new(Target::Tcp(address), 1 << 20).unwrap();
+        let started = std::time::Instant::now();
+        let mut asked = 0;
+        let reply = client.call_interruptible("/a.B/C", b"", &[], Duration::from_secs(30), || {
+            asked += 1;
+            asked == 3
+        });
+        assert!(reply.is_none());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let reply = client.call("/a.B/C", b"", &[], Duration::from_millis(200));
+        assert_eq!(reply.code, Code::DeadlineExceeded as u32);
+        assert!(reply.committed);
+        drop(listener);
     }
 
     #[test]

@@ -48,7 +48,20 @@ impl NativeChannel {
             .map(metadata_value)
             .collect::<PyResult<Vec<_>>>()?;
         let timeout = Duration::from_secs_f64(timeout.min(1e9));
-        let reply = py.detach(|| self.client.call(method, request, &metadata, timeout));
+        // Signals are checked while the call waits (every INTERRUPT_CHECK):
+        // Ctrl-C raises KeyboardInterrupt then, not at the deadline.
+        let mut raised: Option<PyErr> = None;
+        let reply = py.detach(|| {
+            self.client
+                .call_interruptible(method, request, &metadata, timeout, || {
+                    Python::attach(|py| py.check_signals())
+                        .map_err(|e| raised = Some(e))
+                        .is_err()
+                })
+        });
+        let Some(reply) = reply else {
+            return Err(raised.unwrap_or_else(|| PyOSError::new_err("call interrupted")));
+        };
         let message = match &reply.message {
             Some(bytes) => PyBytes::new(py, bytes).into_any(),
             None => py.None().into_bound(py),
