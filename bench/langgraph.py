@@ -309,18 +309,19 @@ one), so a saver's steps/s is at most one over its put latency, and every step a
 calls put_writes. A StratadSaver put serializes the checkpoint (as SqliteSaver does),
 cuts and hashes it, and makes one gRPC call that sends only the new chunks and
 returns after the daemon's journal fsync; put_writes is a second journaled call.
-Measured alone on this machine (2026-11-26, median of 500 sequential calls), a
-SaveState of the growing state takes about 1.1 ms and a PutWrites about 0.7 ms,
-against 0.5 ms for a read-only call (GetSession): the fixed cost of a journaled,
-group-committed mutation over Python gRPC
-([design.md](design.md#facts-about-the-machines-these-figures-come-from)); on
-2026-11-22 they took 3.5 ms and 3 ms, before the native front door and the SDK's
-incremental cutting (the Checkpoints section above). SqliteSaver writes in-process,
-but it writes the whole checkpoint every time, so its cost grows with the
-conversation, while StratadSaver sends and stores only the new chunks: at 500 steps
-StratadSaver is at 0.6x SqliteSaver's speed, at 2,000 steps it meets the 0.8x
-target. The daemon's per-mutation latency (its Python work per call, the
-group-commit hand-off) is what is left between it and short conversations.
+Measured alone on this machine (2026-11-26, median of 500 sequential calls of
+each, interleaved as a graph makes them), a SaveState of the growing state takes
+about 1.0 ms, a PutWrites 0.6 ms and a read-only call (GetSession) 0.4 ms with the
+SDK's native HTTP/2 client (docs/clients.md); over grpcio 1.4, 0.9 and 0.6 ms.
+That is the fixed cost of a journaled, group-committed mutation through a second
+process ([design.md](design.md#facts-about-the-machines-these-figures-come-from));
+on 2026-11-22 they took 3.5 ms and 3 ms, before the native front door and the
+SDK's incremental cutting (the Checkpoints section above). SqliteSaver writes
+in-process, but it writes the whole checkpoint every time, so its cost grows with
+the conversation, while StratadSaver sends and stores only the new chunks: at 500
+steps StratadSaver is at ~0.6x SqliteSaver's speed, at 2,000 steps it meets the
+0.8x target. The daemon's per-mutation latency (its Python work per call, the
+hand-offs between its threads) is what is left between it and short conversations.
 PostgresSaver keeps one blob per channel version, so `messages` is stored whole at
 every step as with SqliteSaver (its relation sizes are after TOAST compression)."""
 
