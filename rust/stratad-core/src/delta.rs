@@ -22,7 +22,7 @@
 use zstd::zstd_safe::{self, DCtx};
 
 use crate::compress::{
-    buffer_with_capacity, decompress_exact, new_cctx, set_frame_parameters, validate_level,
+    buffer_with_capacity, decompress_exact, set_frame_parameters, validate_level, with_cctx,
     zstd_error_name,
 };
 use crate::digest::{digest, DIGEST_SIZE};
@@ -133,13 +133,20 @@ fn zstd_internal(code: usize) -> Error {
 /// its first bytes are.
 fn compress_with_prefix(data: &[u8], prefix: &[u8], level: i32) -> Result<Vec<u8>> {
     validate_level(level)?;
-    // A context of its own: the prefix is borrowed for the context's lifetime.
-    let mut cctx = new_cctx()?;
-    set_frame_parameters(&mut cctx, level)?;
-    cctx.ref_prefix(prefix).map_err(zstd_internal)?;
-    let mut out = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
-    cctx.compress2(&mut out, data).map_err(zstd_internal)?;
-    Ok(out)
+    with_cctx(|cctx| {
+        set_frame_parameters(cctx, level)?;
+        // SAFETY: zstd reads a referenced prefix only while it compresses the
+        // next frame, which `compress2` does whole before returning; the
+        // session is reset right after (and `with_cctx` resets it again before
+        // any later use), so the reference never outlives this call.
+        let prefix: &'static [u8] =
+            unsafe { std::slice::from_raw_parts(prefix.as_ptr(), prefix.len()) };
+        cctx.ref_prefix(prefix).map_err(zstd_internal)?;
+        let mut out = Vec::with_capacity(zstd_safe::compress_bound(data.len()));
+        let done = cctx.compress2(&mut out, data).map_err(zstd_internal);
+        let _ = cctx.reset(zstd_safe::ResetDirective::SessionOnly);
+        done.map(|_| out)
+    })
 }
 
 /// The first bytes of a trained zstd dictionary (`ZSTD_MAGIC_DICTIONARY`).
@@ -311,6 +318,32 @@ mod tests {
             assert!(
                 decode_delta_frame(&delta[..cut], &old, u64::MAX).is_err(),
                 "cut {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_reused_context_forgets_each_base_after_its_frame() {
+        // Deltas share the thread's compression context with plain frames:
+        // a base must never carry over into the next frame made on it.
+        let states: Vec<Vec<u8>> = (5..12).map(conversation).collect();
+        let elsewhere = conversation(3);
+        for pair in states.windows(2) {
+            let (old, new) = (&pair[0], &pair[1]);
+            let delta = encode_delta_frame(new, old, 0, 3).expect("delta");
+            assert_eq!(
+                decode_delta_frame(&delta, old, u64::MAX).expect("decodes"),
+                *new
+            );
+            // A plain frame made next decodes without any base.
+            let plain = encode_frame(new, 3).expect("plain");
+            assert_eq!(decode_frame(&plain, u64::MAX).expect("plain decodes"), *new);
+            // And a delta on another base needs that base, not the last one.
+            let other = encode_delta_frame(new, &elsewhere, 0, 3).expect("delta");
+            assert!(decode_delta_frame(&other, old, u64::MAX).is_err());
+            assert_eq!(
+                decode_delta_frame(&other, &elsewhere, u64::MAX).expect("ok"),
+                *new
             );
         }
     }
