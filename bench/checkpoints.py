@@ -571,29 +571,44 @@ EXPLANATION = """What limits (b) and (a), measured:
 - This benchmark's clients built every 8 KB state anew (~170 µs of client
   CPU per call, on the two cores the daemon uses) while the echo baseline
   sent prebuilt payloads; the state is now built once, as (a) does.
-- (a) at 500 steps is sequential: each save waits for the previous. The SDK
-  cuts and hashes only what changed since the session's last state (~20 µs
-  instead of ~140 µs for 128 KB) and the daemon resumes its check of the
-  state digest where the kept chunks end. Per save, the client spends
-  ~110 µs preparing the upload and ~280 µs in the gRPC client; the daemon
-  ~540 µs of CPU (~80 in the HTTP/2 thread, ~280 on the event loop, of
-  which ~130 the domain save; the rest in the committer and worker
-  threads): ~1.0-1.2 ms in all, against ~0.7 ms for a SqliteSaver put in
-  the agent's own process. The storage engine in-process is faster than
-  SqliteSaver at both sizes; through gRPC stratad is 0.55-0.6x at 500 steps
-  and 1.2-1.7x at 2,000 across runs (larger states: SqliteSaver writes the
-  whole state each step), while storing 160-690x fewer bytes.
+- (a) at 500 steps is sequential: each save waits for the previous, so it
+  measures latency. The SDK cuts and hashes only what changed since the
+  session's last state (~20 µs instead of ~140 µs for 128 KB) and sends its
+  unary calls over its own HTTP/2 client (Rust, ~60 µs of CPU per call where
+  grpcio's blocking client spends ~220; the "SDK over grpcio" row is the
+  same store through grpcio in the same run). The daemon resumes its check
+  of the state digest where the kept chunks end, so a growing state's save
+  counts as its new bytes and runs on the event loop however large the
+  state is. Per save the client spends ~200 µs of CPU (~80 preparing the
+  upload); the daemon ~550 µs (~80 in the HTTP/2 thread, ~350 on the event
+  loop, of which ~200 the domain save, ~100 in the committer and background
+  threads), plus the journal's fdatasync (~100-200 µs on this disk) and six
+  hand-offs between threads (client, HTTP/2 thread, event loop, committer
+  and back), each waking a sleeping vCPU: ~0.9 ms in all, against ~0.7 ms
+  for a SqliteSaver put in the agent's own process. The storage engine
+  in-process is faster than SqliteSaver at both sizes; through gRPC stratad
+  is ~0.75x at 500 steps and ~2x at 2,000 (SqliteSaver writes the whole
+  state each step), while storing 180-660x fewer bytes.
 - Done to get here: the native front door (its interceptor chain resolved
-  once per method, streams read ahead), client-side chunking (only new
-  chunks travel) cut incrementally, the resumed digest check, objects kept
-  off the save path (the journal carries them; the background syncer packs
-  them), group commit, a reused zstd context per thread, orjson for journal
-  records and snapshots.
+  once per method, streams read ahead), the SDK's native unary client,
+  client-side chunking (only new chunks travel) cut incrementally, the
+  resumed digest check, saves judged by the work they declare less what the
+  resumed check skips, delta frames compressed on a reused zstd context
+  (~48 -> ~22 µs per tail chunk), objects kept off the save path (the
+  journal carries them; the background syncer packs them), group commit, a
+  reused zstd context per thread, orjson for journal records and snapshots.
+- Measured and left out: the committer thread answering a call as soon as
+  its fsync returns (+11% at 500 steps): the answer would then precede the
+  call's audit line, metrics and watchers' event; and a lone writer's fsync
+  on the event loop (+12%): the loop must never wait for the disk (a stuck
+  disk would stop health checks and reads).
 - Not done, and what each would take: a group commit off the GIL (the
   committer thread in Rust; the fsync fault-injection tests patch Python's
   os.fdatasync and need a native hook first), the domain save of a
   SaveStates batch in one native call, and one write-ahead log shared by
-  all sessions instead of a journal per session.
+  all sessions instead of a journal per session. For 3x on streams the
+  daemon's CPU per 8 KB save would have to fall from ~220 µs to ~135 µs:
+  the clients take ~100 µs per call of the same two cores.
 
 Where the bytes on disk go (the floor table splits them into objects and journals):
 

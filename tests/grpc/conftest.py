@@ -16,6 +16,7 @@ status code, that the message names each of ``words`` and that the session's
 from __future__ import annotations
 
 import dataclasses
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -154,3 +155,12 @@ def start_api(inprocess_server: Callable[..., Any]) -> Iterator[Callable[..., Ap
 @pytest.fixture
 def api(start_api: Callable[..., Api]) -> Api:
     return start_api()
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """An address that accepts TCP connections and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"

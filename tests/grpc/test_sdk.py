@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -60,15 +59,6 @@ def record(client: stratad.Client) -> Recorder:
 def client(api: Api) -> Iterator[stratad.Client]:
     with stratad.Client(api.target) as client:
         yield client
-
-
-@pytest.fixture
-def black_hole() -> Iterator[str]:
-    """An address that accepts TCP connections and never answers."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 # -- Client basics ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,14 +145,6 @@ def test_a_silent_peer_gives_deadline_exceeded_without_retries(black_hole: str) 
             client.get_session("s")
         assert time.monotonic() - started < 5
         assert counting.attempts == 1  # it may have reached the daemon: never repeated
-
-
-@pytest.fixture
-def black_hole() -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 def test_oversized_requests_are_refused_before_sending(api: Api) -> None:
