@@ -415,33 +415,50 @@ def _own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def rounds(run: Callable[[int], Awaitable[ConcurrencyResult]]) -> ConcurrencyResult:
-    """A warm-up round, then ROUNDS rounds: their calls, latencies and rates."""
-    asyncio.run(run(0))
-    cpu_before = _own_cpu()
-    measured = [asyncio.run(run(n)) for n in range(1, ROUNDS + 1)]
-    calls = sum(r.calls for r in measured)
-    result = ConcurrencyResult(
-        measured[0].name,
-        calls,
-        sum(r.seconds for r in measured),
-        [x for r in measured for x in r.latencies],
-        [r.calls / r.seconds for r in measured],
-        (_own_cpu() - cpu_before) / calls,
-    )
-    print(f"  {result.name}: {result.throughput:.0f}/s", flush=True)
-    return result
+def interleaved_rounds(
+    runs: Sequence[Callable[[int], Awaitable[ConcurrencyResult]]],
+) -> list[ConcurrencyResult]:
+    """A warm-up round of each path, then ROUNDS rounds of each, interleaved
+    (round 1 of every path, then round 2, ...): a slow spell of this shared
+    machine then hits the echo baseline and stratad alike, so their ratio
+    holds even when the absolute rates move."""
+    for run in runs:
+        asyncio.run(run(0))
+    measured: list[list[ConcurrencyResult]] = [[] for _ in runs]
+    cpu = [0.0] * len(runs)
+    for n in range(1, ROUNDS + 1):
+        for i, run in enumerate(runs):
+            before = _own_cpu()
+            measured[i].append(asyncio.run(run(n)))
+            cpu[i] += _own_cpu() - before
+    results = []
+    for done, spent in zip(measured, cpu, strict=True):
+        calls = sum(r.calls for r in done)
+        result = ConcurrencyResult(
+            done[0].name,
+            calls,
+            sum(r.seconds for r in done),
+            [x for r in done for x in r.latencies],
+            [r.calls / r.seconds for r in done],
+            spent / calls,
+        )
+        print(f"  {result.name}: {result.throughput:.0f}/s", flush=True)
+        results.append(result)
+    return results
 
 
 def bench_concurrency(per_client: int) -> list[ConcurrencyResult]:
-    results = []
-    with echo_server() as echo:
-        results.append(rounds(lambda n: echo_unary(echo, per_client)))
-        results.append(rounds(lambda n: echo_stream(echo, per_client)))
-    with tempfile.TemporaryDirectory() as tmp, daemon(Path(tmp) / "data") as address:
-        results.append(rounds(lambda n: stratad_unary(address, per_client, n)))
-        results.append(rounds(lambda n: stratad_stream(address, per_client, n)))
-    return results
+    with (
+        echo_server() as echo,
+        tempfile.TemporaryDirectory() as tmp,
+        daemon(Path(tmp) / "data") as address,
+    ):
+        return interleaved_rounds([
+            lambda n: echo_unary(echo, per_client),
+            lambda n: echo_stream(echo, per_client),
+            lambda n: stratad_unary(address, per_client, n),
+            lambda n: stratad_stream(address, per_client, n),
+        ])  # fmt: skip
 
 
 def concurrency_table(results: Sequence[ConcurrencyResult]) -> str:
@@ -658,7 +675,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Streams keep {WINDOW} requests in flight each. The echo server answers 64 bytes",
         "with no work: it is the ceiling of Python gRPC on this machine. Each path: one",
         f"warm-up round, then {ROUNDS} rounds with new sessions and new states (nothing",
-        "deduplicates across rounds); the median round's calls/s, p50/p99 over all rounds.",
+        "deduplicates across rounds), the paths' rounds interleaved (round 1 of each,",
+        "then round 2...) so a slow spell of this shared machine hits them alike; the",
+        "median round's calls/s, p50/p99 over all rounds.",
         "stratad serves with its default front door (`front = auto`: native on this",
         "plaintext port; docs/design.md).", "",
         concurrency_table(conc), "",
