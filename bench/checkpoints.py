@@ -604,8 +604,9 @@ EXPLANATION = """What limits (b) and (a), measured:
   and back), each waking a sleeping vCPU: ~0.9 ms in all, against ~0.7 ms
   for a SqliteSaver put in the agent's own process. The storage engine
   in-process is faster than SqliteSaver at both sizes; through gRPC stratad
-  is ~0.75x at 500 steps and ~2x at 2,000 (SqliteSaver writes the whole
-  state each step), while storing 180-660x fewer bytes.
+  was 0.64-0.76x at 500 steps and 1.5-2.0x at 2,000 in four runs on
+  2026-11-26 (SqliteSaver writes the whole state each step; the SDK over
+  grpcio 0.45-0.63x at 500), while storing 180-670x fewer bytes.
 - Done to get here: the native front door (its interceptor chain resolved
   once per method, streams read ahead), the SDK's native unary client,
   client-side chunking (only new chunks travel) cut incrementally, the

@@ -290,3 +290,20 @@ def test_a_forked_child_gets_its_own_connection(api: Api) -> None:
         assert client.load_state("s").data == b"from the child"
         client.save_state("s", b"from the parent")
         assert client.load_state("s").data == b"from the parent"
+
+
+def test_an_undecodable_answer_is_internal_not_a_crash(api: Api) -> None:
+    def broken(data: bytes) -> Any:
+        raise ValueError("not a GetSessionResponse")
+
+    with stratad.Client(api.target) as client:
+        client.create_session("s")
+        assert client._native is not None
+        method = sdk_native.UnaryMethod(
+            client._native,
+            "/stratad.api.v1.SessionService/GetSession",
+            broken,
+            client.sessions.GetSession,
+        )
+        with pytest.raises(errors.InternalError, match="deserializing"):
+            client.call(method, session_pb2.GetSessionRequest(session_id="s"))

@@ -133,9 +133,7 @@ class NativeUnaryChannel:
                 path, payload, items, remaining
             )
             if code == 0:
-                if response is None:
-                    raise NativeRpcError(grpc.StatusCode.INTERNAL, "OK without a response message")
-                return decode(response)
+                return _decoded(response, decode)
             status = _STATUS.get(code, grpc.StatusCode.UNKNOWN)
             if status != grpc.StatusCode.UNAVAILABLE or committed or attempt == MAX_ATTEMPTS:
                 raise NativeRpcError(status, details, trailers)
@@ -143,6 +141,18 @@ class NativeUnaryChannel:
             time.sleep(min(random.uniform(0, backoff), max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * BACKOFF_MULTIPLIER, MAX_BACKOFF)
         raise NativeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+
+def _decoded(response: bytes | None, decode: Callable[[bytes], Any]) -> Any:
+    """The response message of an OK call; a broken one fails as grpcio's would."""
+    if response is None:
+        raise NativeRpcError(grpc.StatusCode.INTERNAL, "OK without a response message")
+    try:
+        return decode(response)
+    except Exception as exc:
+        raise NativeRpcError(
+            grpc.StatusCode.INTERNAL, f"Exception deserializing response: {exc}"
+        ) from exc
 
 
 class UnaryMethod:
