@@ -151,8 +151,8 @@ class Checkpoints:
         (100 KB of frames can decode to gigabytes): the lengths of the chunks
         it lists and of its frames, plus the bytes its digest check must hash
         before them, that is the whole state, unless the check resumes where
-        the session's last upload left off (`_resume_digest`): then only the
-        kept base chunks after the resume point. A growing state saved step
+        one of the session's last uploads left off (`_resume_point`): then
+        only the base's bytes after the resume point. A growing state saved step
         by step so costs its new bytes, however large it has become. Never
         raises: anything unusual is judged by the declared size.
         """
@@ -170,7 +170,7 @@ class Checkpoints:
         base's bytes from the resume point on (the whole state without one)."""
         live = self.sessions.live(tenant, session_id)
         point, _ = _resume_point(live, up)
-        base = live.state.checkpoints.get(up.base_checkpoint_id) if point is not None else None
+        base = live.state.checkpoints.get(up.base_checkpoint_id)
         if point is None or base is None:
             return up.size
         return max(base.size - point.count, 0)
@@ -333,9 +333,8 @@ class Checkpoints:
         digester, start = _resume_digest(live, up)
         first_point = max(count - DIGEST_RESUME_POINTS, start)
         points: dict[int, native.Digester] = {}
-        size = ENTRY_SIZE
         for index in range(start, count):
-            raw, length = manifest.ENTRY.unpack_from(entries, index * size)
+            raw, length = manifest.ENTRY.unpack_from(entries, index * ENTRY_SIZE)
             digest = raw.hex()
             hit = decoded.get(digest)
             piece = (

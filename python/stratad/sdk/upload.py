@@ -103,8 +103,7 @@ def _reusable_chunks(previous: StateCut | None, data: bytes) -> int:
     data, not a cut the content chose."""
     if previous is None or len(previous.cuts) < 2:
         return 0
-    common = native.common_prefix_length(previous.data, data)
-    limit = min(common, len(previous.data)) - _CUT_MARGIN
+    limit = native.common_prefix_length(previous.data, data) - _CUT_MARGIN
     ends = [o + n for o, n in previous.cuts]
     return bisect.bisect_right(ends, limit)
 

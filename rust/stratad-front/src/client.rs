@@ -208,7 +208,7 @@ impl UnaryClient {
         let response = match sender.send_request(request).await {
             Ok(response) => response,
             Err(e) => {
-                self.forget(&sender);
+                self.forget_closed();
                 return UnaryReply::failed(Code::Unavailable, format!("connection failed: {e}"));
             }
         };
@@ -260,7 +260,7 @@ impl UnaryClient {
             if sender.ready().await.is_ok() {
                 return Ok(sender);
             }
-            self.forget(&sender);
+            self.forget_closed();
         }
         let mut sender = self.connect().await?;
         sender
@@ -300,14 +300,11 @@ impl UnaryClient {
         Ok(sender)
     }
 
-    /// Drop `broken` so the next call connects again (unless a newer
-    /// connection already replaced it).
-    fn forget(&self, broken: &Sender) {
+    /// After a failure: drop the kept connection if it is closed, so the next
+    /// call connects again (one another caller already replaced stays).
+    fn forget_closed(&self) {
         let mut slot = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot
-            .as_ref()
-            .is_some_and(|kept| kept.is_closed() || broken.is_closed())
-        {
+        if slot.as_ref().is_some_and(|kept| kept.is_closed()) {
             *slot = None;
         }
     }

@@ -273,7 +273,7 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
         small = work <= INLINE_SAVE_BYTES
         save = self.mutate if small else self.run
         try:
-            results = iter(await save(self.engine.checkpoints.save_many, tenant, items))
+            results = iter(await save(checkpoints.save_many, tenant, items))
         except StratadError as exc:  # the batch's commit failed (e.g. disk full)
             return [_item_error(grpc.StatusCode[exc.grpc_status], exc.message)] * len(batch)
         responses = []
