@@ -3,6 +3,7 @@ eviction, paging, persistence, compaction and bad input (stratad.domain.crystals
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -684,6 +685,27 @@ def test_torn_tail_is_cut(libs: CrystalLibraries, open_libs: Open) -> None:
     assert again.get(T, c.crystal_id) == c
     assert again.stats(T).journal_bytes == path.stat().st_size
     create(again, "after the cut")
+    assert len(reopen(again, open_libs).list(T)[0]) == 2
+
+
+def test_zeros_a_crash_left_after_the_records_are_cut_quietly(
+    libs: CrystalLibraries, open_libs: Open, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An open journal keeps zeros after its records (store/journal.py); a crash
+    leaves them. Recovery cuts them without a torn-tail warning, and crystals
+    added afterwards follow the records, not the zeros."""
+    c = create(libs, "zero tail goal")
+    path = libs.store.tenants_root / T / "crystals" / JOURNAL
+    shut(libs)
+    records_end = path.stat().st_size
+    with path.open("ab") as f:
+        f.write(bytes(8192))  # what a SIGKILL leaves of the preallocated space
+    with caplog.at_level(logging.INFO):
+        again = open_libs()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert again.get(T, c.crystal_id) == c
+    assert again.stats(T).journal_bytes == records_end
+    create(again, "after the zeros")
     assert len(reopen(again, open_libs).list(T)[0]) == 2
 
 

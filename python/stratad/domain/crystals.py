@@ -631,7 +631,7 @@ class CrystalLibraries:
         path = lib.root / JOURNAL
         lib.cipher = self.store.journal_cipher(path)
         end = 0
-        torn = False
+        torn = zeros = False
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size:
@@ -647,11 +647,15 @@ class CrystalLibraries:
                         log.error("bad crystal journal record at byte %d: %s", end, exc)
                     else:
                         torn = end < size and journal_mod._is_torn_tail(data, end, lib.cipher)
+                        zeros = torn and mapped[end:] == bytes(size - end)
         if end < size:
             if torn:
                 journal_mod.truncate(path, end)
-                report["crystal_torn_tails_cut"] += 1
-                log.warning("cut a torn crystal journal tail of %d bytes", size - end)
+                if zeros:  # the preallocated space of a journal left open
+                    report["crystal_zero_tails_cut"] += 1
+                else:
+                    report["crystal_torn_tails_cut"] += 1
+                    log.warning("cut a torn crystal journal tail of %d bytes", size - end)
             else:
                 lib.damaged = (
                     f"the crystal journal of tenant {lib.tenant!r} is damaged at byte {end}; "

@@ -222,8 +222,11 @@ class Profiles:
             replay = self.store.read_journal(jpath)
             if replay.torn_bytes:
                 journal_mod.truncate(jpath, replay.valid_bytes)
-                report["torn_tails_cut"] += 1
-                log.warning("cut a torn profile journal tail of %d bytes", replay.torn_bytes)
+                if replay.zero_tail:  # the preallocated space of a journal left open
+                    report["zero_tails_cut"] += 1
+                else:
+                    report["torn_tails_cut"] += 1
+                    log.warning("cut a torn profile journal tail of %d bytes", replay.torn_bytes)
             for record in replay.records:
                 self._observe(record)
                 _apply(tp, record)

@@ -250,8 +250,12 @@ class SessionManager:
         replay = self.store.read_journal(jpath)
         if replay.torn_bytes:
             journal_mod.truncate(jpath, replay.valid_bytes)
-            report["torn_tails_cut"] += 1
-            log.warning("cut a torn journal tail of %d bytes in %s", replay.torn_bytes, jpath)
+            if replay.zero_tail:  # the preallocated space of a journal left open
+                report["zero_tails_cut"] += 1
+                log.info("cut %d zero bytes after the last record of %s", replay.torn_bytes, jpath)
+            else:
+                report["torn_tails_cut"] += 1
+                log.warning("cut a torn journal tail of %d bytes in %s", replay.torn_bytes, jpath)
         if not replay.records:
             if replay.corrupt_at is not None:
                 # The first record is damaged and valid ones follow: acknowledged

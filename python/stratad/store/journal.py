@@ -30,6 +30,17 @@ are told apart exactly as without encryption.
 Group commit: writers append under the session lock (cheap) and then call
 `sync(offset)` outside it. One fsync covers every record appended before it
 started, so concurrent writers share fsyncs instead of queueing one each.
+
+Preallocation: an open journal keeps zero-filled space after its last record
+and writes each record into it. An fdatasync that only overwrites blocks the
+file already has needs no filesystem metadata commit (on ext4, no journal
+transaction for the file's new size): append + fdatasync of a 700-byte
+record took 124 µs instead of 186 on this project's test machine, of an 8 KB
+one 127 µs instead of 261 (`bench/journal_fsync.py`). The space
+is cut off when the journal is closed; after a crash, recovery finds the zeros
+where the records end and cuts them as it cuts a torn tail (see
+`ReplayResult.zero_tail`), so a file with a zero tail never reaches an old or
+new reader as data.
 """
 
 from __future__ import annotations
@@ -75,6 +86,15 @@ MAX_COMPRESSED_BODY_BYTES = 256 << 20
 #: they are mostly hex digests and IDs, where level 3's longer searches find
 #: nothing more (a 2,000-checkpoint snapshot: 192 KB at level 1, 216 KB at 3).
 COMPRESS_LEVEL = 1
+#: Preallocation (module doc): the zero-filled space kept after the last
+#: record grows by this fraction of the journal's size, at least to the end of
+#: the filesystem block (which the file occupies anyway) and by at most
+#: PREALLOCATE_MAX_BYTES. So a small journal keeps at most one block of zeros
+#: and a large one at most 1/8 more; a 150 KB session journal extends about
+#: once every 25 saves of the reference workload (~700-byte records).
+PREALLOCATE_FRACTION = 8
+PREALLOCATE_BLOCK = 4096
+PREALLOCATE_MAX_BYTES = 1 << 20
 #: Called as ``observer(journal_path, seconds)`` after every journal fsync
 #: (the daemon's metrics register one).
 FSYNC_OBSERVERS: list[Callable[[Path, float], None]] = []
@@ -95,7 +115,7 @@ class Record:
         """The encoded record as consecutive pieces: the header, then the payload's.
 
         A save's record carries its new chunks, up to the largest state:
-        appending the pieces (writev) saves joining them into one more copy.
+        writing the pieces (pwritev) saves joining them into one more copy.
         `Journal.append` writes these: a subclass that overrides `encode`
         overrides this too. With a `cipher`, the payload is one sealed piece.
         """
@@ -228,6 +248,14 @@ class ReplayResult:
     corrupt_at: int | None = None
     #: Where the first record ends (its size on disk); 0 without records.
     first_end: int = 0
+    #: The bytes after the last record are all zeros: preallocated space a
+    #: crash left (or blocks a power loss left unwritten), not a torn record.
+    zero_tail: bool = False
+
+    @property
+    def torn_record(self) -> bool:
+        """A torn tail that is not just zeros: an interrupted append."""
+        return bool(self.torn_bytes) and not self.zero_tail
 
 
 def read_records(path: Path, cipher: RecordCipher | None = None) -> ReplayResult:
@@ -259,7 +287,13 @@ def parse_records(data: bytes, cipher: RecordCipher | None = None) -> ReplayResu
     rest = len(data) - pos
     if rest and not _is_torn_tail(data, pos, cipher):
         return ReplayResult(records, pos, 0, corrupt_at=pos, first_end=first_end)
-    return ReplayResult(records, pos, rest, first_end=first_end)
+    zero_tail = bool(rest) and is_zeros(data, pos)
+    return ReplayResult(records, pos, rest, first_end=first_end, zero_tail=zero_tail)
+
+
+def is_zeros(data: bytes, start: int) -> bool:
+    """Whether every byte of `data` from `start` on is zero (at C speed)."""
+    return data.count(0, start) == len(data) - start
 
 
 def _read_record(
@@ -380,6 +414,12 @@ class Journal:
     With a `SizeTally`, the journal counts in it while it is open: its size
     when opened, every append, minus its size when closed (a compaction
     opens the new file before closing the old one; a deletion closes it).
+
+    With `preallocate`, records are written into zero-filled space kept after
+    the last one (module doc). The file must end with its last record when
+    opened: recovery cuts a crash's zero tail before any journal is opened,
+    and a record appended after zeros would be cut with them by the next
+    recovery.
     """
 
     def __init__(
@@ -390,6 +430,7 @@ class Journal:
         fail_stop: FailStop | None = None,
         tally: SizeTally | None = None,
         cipher: RecordCipher | None = None,
+        preallocate: bool = False,
     ) -> None:
         self.path = path
         #: Seals every record appended (encryption at rest); None: plaintext.
@@ -397,8 +438,13 @@ class Journal:
         self._durable = durable
         # A failed fsync stops every journal of the data directory (failstop.py).
         self._fail_stop = fail_stop or FailStop()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        # Records go to explicit offsets (pwritev), not O_APPEND: with
+        # preallocation the file's end is past the last record.
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
         self._size = os.fstat(self._fd).st_size
+        #: The file's size: records end at `_size`, zeros fill the rest.
+        self._allocated = self._size
+        self._preallocate = preallocate
         self._synced = self._size
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
@@ -425,17 +471,32 @@ class Journal:
         self._fail_stop.check_writable()
         with tracing.span("stratad.journal.append", {"stratad.bytes": size}), self._append_lock:
             start = self._size
+            padding = self._padding(start + size)
             try:
-                _write_pieces(self._fd, pieces, size)
+                if padding:
+                    _write_pieces(self._fd, [*pieces, bytes(padding)], size + padding, start)
+                    self._allocated = start + size + padding
+                else:
+                    _write_pieces(self._fd, pieces, size, start)
             except OSError as exc:
                 # Never leave a partial record behind a later good one.
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, start)
+                    self._allocated = start
                 raise storage_error(exc, "journal append") from exc
             self._size = start + size
             if self._tally is not None:
                 self._tally.add(size)
             return self._size
+
+    def _padding(self, end: int) -> int:
+        """Zeros to write after a record ending at `end`: none while it fits the
+        preallocated space, else enough for the next ones (PREALLOCATE_*)."""
+        if not self._preallocate or end <= self._allocated:
+            return 0
+        ahead = min(end // PREALLOCATE_FRACTION, PREALLOCATE_MAX_BYTES)
+        block_end = -(-(end + ahead) // PREALLOCATE_BLOCK) * PREALLOCATE_BLOCK
+        return block_end - end
 
     def sync(self, upto: int | None = None) -> None:
         """Make every record before `upto` durable, sharing fsyncs (group commit)."""
@@ -480,6 +541,9 @@ class Journal:
         if tally is not None:
             tally.add(-self._size)
         if fd >= 0:
+            with contextlib.suppress(OSError):
+                if self._allocated > self._size:  # the file ends with its last record again
+                    os.ftruncate(fd, self._size)
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -536,22 +600,24 @@ def fsync_dir_or_trip(path: Path, fail_stop: FailStop) -> None:
         raise fail_stop.trip(f"fsync of directory {path}", exc) from exc
 
 
-#: Buffers one writev may take (POSIX guarantees at least 16; Linux has 1024).
+#: Buffers one pwritev may take (POSIX guarantees at least 16; Linux has 1024).
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
 
 
-def _write_pieces(fd: int, pieces: list[bytes], size: int) -> None:
-    """Write the pieces (`size` bytes in all) in order with writev."""
-    # One writev of the pieces as they are almost always writes them all: the
+def _write_pieces(fd: int, pieces: list[bytes], size: int, offset: int) -> None:
+    """Write the pieces (`size` bytes in all) in order at `offset` with pwritev."""
+    # One pwritev of the pieces as they are almost always writes them all: the
     # views that resume after a short write are built only when one happens.
-    written = os.writev(fd, pieces) if len(pieces) <= _IOV_MAX else 0
+    written = os.pwritev(fd, pieces, offset) if len(pieces) <= _IOV_MAX else 0
     if written < size:
-        _write_after(fd, pieces, written)
+        _write_after(fd, pieces, written, offset)
 
 
-def _write_after(fd: int, pieces: list[bytes], written: int) -> None:
-    """Write the pieces but their first `written` bytes, resuming after short writes."""
+def _write_after(fd: int, pieces: list[bytes], written: int, offset: int) -> None:
+    """Write the pieces at `offset` but their first `written` bytes, resuming
+    after short writes."""
     views = collections.deque(memoryview(piece) for piece in pieces if piece)
+    position = offset + written
     while True:
         while written:
             if written >= len(views[0]):
@@ -561,7 +627,8 @@ def _write_after(fd: int, pieces: list[bytes], written: int) -> None:
                 written = 0
         if not views:
             return
-        written = os.writev(fd, list(itertools.islice(views, _IOV_MAX)))
+        written = os.pwritev(fd, list(itertools.islice(views, _IOV_MAX)), position)
+        position += written
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -214,6 +214,7 @@ class Store:
             fail_stop=self.fail_stop,
             tally=tally,
             cipher=self.journal_cipher(path),
+            preallocate=True,
         )
         self._journals.add(journal)
         return journal
