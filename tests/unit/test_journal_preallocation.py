@@ -14,6 +14,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stratad.domain.checkpoints import SaveInput
 from stratad.domain.engine import Engine
@@ -23,6 +25,7 @@ from stratad.store.journal import (
     Journal,
     Record,
     read_records,
+    truncate,
 )
 
 TENANT = "default"
@@ -134,3 +137,52 @@ def test_a_crash_leaves_zeros_that_recovery_cuts_keeping_every_save(
         assert engine.admin.verify().ok
     finally:
         engine.close()
+
+
+@st.composite
+def crash_cases(draw: st.DrawFn) -> tuple[list[tuple[int, bool]], float, bool]:
+    """Appends (blob size, fsync after it?), where in the unsynced bytes the
+    crash falls (a fraction), and whether the bytes after it read as zeros
+    (preallocated space already on disk) or are missing (the file ends)."""
+    ops = draw(st.lists(st.tuples(st.integers(0, 9000), st.booleans()), min_size=1, max_size=40))
+    return ops, draw(st.floats(0.0, 1.0)), draw(st.booleans())
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(crash_cases())
+def test_a_crash_anywhere_keeps_every_synced_record_and_nothing_else(
+    tmp_path_factory: pytest.TempPathFactory, case: tuple[list[tuple[int, bool]], float, bool]
+) -> None:
+    """What a crash can leave of a preallocated journal: every byte written up
+    to some point at or after the last fdatasync, then zeros or nothing.
+    Recovery must return exactly the records appended up to some point at or
+    after the last synced one, never report damage, and take new records
+    after them that replay in turn."""
+    ops, where, zeros_after = case
+    path = tmp_path_factory.mktemp("crash") / "journal"
+    journal = Journal(path, durable=True, preallocate=True)
+    ends, synced_count, synced_end = [], 0, 0
+    for i, (blob_bytes, sync) in enumerate(ops):
+        ends.append(journal.append(Record("note", {"i": i}, [bytes([i + 1]) * blob_bytes])))
+        if sync:
+            journal.sync(ends[-1])
+            synced_count, synced_end = i + 1, ends[-1]
+    written = path.read_bytes()  # records, then the preallocated zeros
+    journal.close()
+    cut = synced_end + int(where * (len(written) - synced_end))
+    left = written[:cut] + (bytes(len(written) - cut) if zeros_after else b"")
+    path.write_bytes(left)
+
+    replay = read_records(path)
+    kept = [r.body["i"] for r in replay.records]
+    assert replay.corrupt_at is None
+    assert kept == list(range(len(kept))) and len(kept) >= synced_count
+    assert replay.valid_bytes == (ends[len(kept) - 1] if kept else 0)
+
+    truncate(path, replay.valid_bytes)  # what recovery does before reopening
+    again = Journal(path, durable=True, preallocate=True)
+    again.sync(again.append(Record("note", {"i": "after"}, [b"new"])))
+    again.close()
+    assert [r.body["i"] for r in read_records(path).records] == [*kept, "after"]
