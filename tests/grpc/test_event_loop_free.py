@@ -15,6 +15,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -22,7 +23,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stratad import native
-from stratad.api.v1 import checkpoint_pb2
+from stratad.api.v1 import checkpoint_pb2, cognitive_pb2, cognitive_pb2_grpc
+from stratad.store import journal as journal_module
 
 if TYPE_CHECKING:
     from conftest import Api
@@ -299,3 +301,60 @@ def test_a_digest_check_resumed_from_the_last_upload_still_refuses_bad_uploads(
     )
     assert api.load("agent", checkpoint_id=good.checkpoint_id).data == grown
     assert api.load("agent", checkpoint_id=third.checkpoint_id).data == again
+
+
+def test_a_compaction_holding_a_sessions_lock_never_holds_up_the_event_loop(
+    api: Api, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction keeps its session's lock across fsyncs (objects, the new
+    journal, its directory): on a slow disk, for as long as they take. Calls
+    for that session meanwhile, a save and a cheap read, must wait for it on a
+    worker thread: on the event loop they would hold up every other call."""
+    api.create("agent")
+    api.save("agent", b"history " * 1000)
+    cognitive = cognitive_pb2_grpc.CognitiveStateServiceStub(api.channel)
+    initialize = cognitive_pb2.InitializeRequest(session_id="agent", goal="g")
+    cognitive.Initialize(initialize, timeout=WAIT)
+    engine = api.server.resources.engine
+    entered: dict[str, str] = {}
+    arrived = {name: threading.Event() for name in ("save", "read")}
+
+    def spy(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            entered[name] = threading.current_thread().name
+            arrived[name].set()
+            return real(*args, **kwargs)
+
+        return call
+
+    checkpoints, cognitive_state = engine.checkpoints, engine.cognitive
+    monkeypatch.setattr(checkpoints, "save_state", spy("save", checkpoints.save_state))
+    monkeypatch.setattr(cognitive_state, "stats", spy("read", cognitive_state.stats))
+    real_rewrite = journal_module.rewrite
+
+    def rewrite(path: Path, *args: Any, **kwargs: Any) -> None:
+        if path.parent.name == "agent":
+            gate.hold()  # the compaction's fsync of the new journal, on a slow disk
+        real_rewrite(path, *args, **kwargs)
+
+    monkeypatch.setattr(journal_module, "rewrite", rewrite)
+    compacting = in_background(lambda: engine.sessions.compact("default", "agent"))
+    assert gate.entered.wait(WAIT)
+    saving = in_background(lambda: api.save("agent", b"while compacting"))
+    reading = in_background(
+        lambda: cognitive.GetCognitiveStats(
+            cognitive_pb2.GetCognitiveStatsRequest(session_id="agent"), timeout=WAIT
+        )
+    )
+    try:
+        assert arrived["save"].wait(WAIT) and arrived["read"].wait(WAIT)
+        assert health_answers(api), "health held up by a compaction's fsync"
+        assert not saving.done() and not reading.done(), "served without the session's lock"
+    finally:
+        gate.released.set()
+    compacting.result(WAIT)
+    assert saving.result(WAIT).digest == native.digest_hex(b"while compacting")
+    assert reading.result(WAIT).initialized
+    assert entered["save"].startswith("stratad-worker")
+    assert entered["read"].startswith("stratad-worker")
+    assert api.load("agent").data == b"while compacting"

@@ -17,7 +17,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,6 +109,10 @@ class LiveSession:
     #: with the state's bytes before that chunk (an upload on that checkpoint
     #: resumes its digest check there; see Checkpoints._check_state_digest).
     digest_resume: dict[str, dict[int, Any]] = field(default_factory=dict)
+    #: A compaction is about to take, or holds, the lock (for fsyncs and a
+    #: snapshot): calls for the session must not wait for it on the event loop
+    #: (see SessionManager.compacting).
+    compacting: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -207,6 +211,10 @@ class SessionManager:
         #: Sessions written since they were last looked at for idle compaction.
         self._written: dict[tuple[str, str], LiveSession] = {}
         store.on_tick(self.compact_requested)
+        #: Returns once the event loop serving calls (if any) has finished the
+        #: callback it is running; called from the compacting thread. The
+        #: daemon sets it (server/app.py); in-process users have no loop.
+        self.loop_barrier: Callable[[], None] = lambda: None
         #: Set by the engine when sessions replicate to object storage.
         self.replicator: Replicator | None = None
 
@@ -684,7 +692,7 @@ class SessionManager:
             # The bulk of the object fsyncs happen here, without the lock, so
             # writers of the session are held up only by the final pass.
             self.store.persist_objects(live.tenant)
-            with live.lock:
+            with self._exclusively(live):
                 if not live.deleted and not live.damaged:
                     self._compact(live)
 
@@ -724,9 +732,37 @@ class SessionManager:
 
     def compact(self, tenant: str, session_id: str) -> None:
         live = self.live(tenant, session_id)
-        with live.lock:
+        with self._exclusively(live):
             check_usable(live)
             self._compact(live)
+
+    @contextlib.contextmanager
+    def _exclusively(self, live: LiveSession) -> Iterator[None]:
+        """Hold the session's lock for a compaction, which waits for the disk
+        (fsyncs) with it held: the session is marked `compacting` first, and
+        the lock taken only once the event loop has finished what it was
+        running (`loop_barrier`), so every call the loop starts for the session
+        from then on runs on a worker thread instead (`compacting`) and no call
+        already under way can be left waiting on the loop."""
+        live.compacting = True
+        try:
+            self.loop_barrier()
+            with live.lock:
+                yield
+        finally:
+            live.compacting = False
+
+    def compacting(self, tenant: str, session_ids: str | Iterable[str]) -> bool:
+        """Is any of these sessions being compacted? The servicers then run
+        their calls for it on a worker thread, not on the event loop (waiting
+        there for the compaction's fsyncs would hold up every other call)."""
+        ids = (session_ids,) if isinstance(session_ids, str) else session_ids
+        sessions = self._sessions
+        for session_id in ids:
+            live = sessions.get((tenant, session_id))
+            if live is not None and live.compacting:
+                return True
+        return False
 
 
 def validate_labels(labels: dict[str, str]) -> None:

@@ -8,10 +8,12 @@ lifetime: open resources, start, wait for SIGTERM/SIGINT, drain, release.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 import sys
+import threading
 from asyncio import FIRST_COMPLETED
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -239,6 +241,8 @@ async def _start(
         raise
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
+    sessions = resources.engine.sessions
+    sessions.loop_barrier = loop_barrier(asyncio.get_running_loop())
     lifecycle = _start_lifecycle(resources, metrics)
     stratad_server = StratadServer(
         server,
@@ -255,7 +259,37 @@ async def _start(
     )
     if backend is not None:
         stratad_server.on_stop(backend.remove)
+    stratad_server.on_stop(lambda: setattr(sessions, "loop_barrier", _no_barrier))
     return stratad_server
+
+
+#: How long a compaction waits for the event loop to finish the callback it is
+#: running before it takes the session's lock anyway (callbacks take well
+#: under a millisecond; this only bounds a loop that is stuck).
+LOOP_BARRIER_SECONDS = 1.0
+
+
+def loop_barrier(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """SessionManager.loop_barrier for the daemon's event loop: returns once
+    the loop has run a callback queued now, so whatever callback it was
+    running when called has finished (see SessionManager._exclusively)."""
+
+    def wait() -> None:
+        with contextlib.suppress(RuntimeError):  # not on a running loop
+            if asyncio.get_running_loop() is loop:
+                return  # on the loop itself: no other callback is under way
+        passed = threading.Event()
+        try:
+            loop.call_soon_threadsafe(passed.set)
+        except RuntimeError:  # the loop is closed: nothing runs on it
+            return
+        passed.wait(LOOP_BARRIER_SECONDS)
+
+    return wait
+
+
+def _no_barrier() -> None:
+    pass
 
 
 def _start_front(

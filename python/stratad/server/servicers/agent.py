@@ -132,12 +132,14 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
     async def GetAgentState(
         self, request: agent_pb2.GetAgentStateRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.GetAgentStateResponse:
-        applied = self.domain.state(tenant_of(context), request.session_id)
+        applied = await self.read(self.domain.state, tenant_of(context), request.session_id)
         return agent_pb2.GetAgentStateResponse(**_state(applied))
 
     async def CompressContext(
         self, request: agent_pb2.CompressContextRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.CompressContextResponse:
-        applied = self.domain.compress(tenant_of(context), request.session_id, request.max_tokens)
+        applied = await self.read(
+            self.domain.compress, tenant_of(context), request.session_id, request.max_tokens
+        )
         text, truncated = applied.result
         return agent_pb2.CompressContextResponse(context=text, truncated=truncated)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -39,21 +39,46 @@ class Servicer:
         self.resources = resources
         self.engine = resources.engine
 
-    async def mutate(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def mutate(
+        self,
+        fn: Callable[..., T],
+        tenant: str,
+        session: str | Sequence[tuple[str, Any]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> T:
         """Run a small journaled mutation on the event loop, then await its group commit.
 
-        `fn` must take `commit=` (see SessionManager.mutate_live): it journals
-        and applies without waiting for the disk, which costs less than a hand-
-        off to a worker thread; the committer thread then fsyncs once for every
-        mutation that queued up meanwhile. Large or slow work uses `run`.
+        `fn` is called as ``fn(tenant, session, *args, commit=..., **kwargs)``;
+        `session` is the session's ID (for a SaveStates batch, its (session ID,
+        input) pairs). `fn` must take `commit=` (see SessionManager.mutate_live):
+        it journals and applies without waiting for the disk, which costs less
+        than a hand-off to a worker thread; the committer thread then fsyncs
+        once for every mutation that queued up meanwhile. Large or slow work
+        uses `run`, and so does a mutation of a session being compacted, whose
+        lock is held across fsyncs (waiting for it on the loop would hold up
+        every other call).
         """
+        ids = session if isinstance(session, str) else [s for s, _ in session]
+        if self.engine.sessions.compacting(tenant, ids):
+            return await self.run(fn, tenant, session, *args, **kwargs)
         commit: Commit = []
-        result = fn(*args, commit=commit, **kwargs)
+        result = fn(tenant, session, *args, commit=commit, **kwargs)
         await self.engine.committer.wait(commit)
         if self.engine.replicator is not None and self.engine.replicator.mode == "sync":
             await self.run(self.engine.sessions.replicate, commit)
         self.engine.sessions.announce(commit)
         return result
+
+    async def read(
+        self, fn: Callable[..., T], tenant: str, session_id: str, *args: Any, **kwargs: Any
+    ) -> T:
+        """A cheap read of one session: on the event loop (a hand-off to a worker
+        thread would cost more than the read), unless the session is being
+        compacted and its lock is held across fsyncs (see `mutate`)."""
+        if self.engine.sessions.compacting(tenant, session_id):
+            return await self.run(fn, tenant, session_id, *args, **kwargs)
+        return fn(tenant, session_id, *args, **kwargs)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run blocking domain work (file I/O, native code) on the worker pool.

@@ -261,7 +261,7 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     ) -> cognitive_pb2.BuildContextResponse:
         args = (tenant_of(context), request.session_id, request.max_tokens)
         if request.max_tokens <= INLINE_CONTEXT_TOKENS:  # bounded by the budget: cheap
-            applied = self.domain.build_context(*args)
+            applied = await self.read(self.domain.build_context, *args)
         else:
             applied = await self.run(self.domain.build_context, *args)
         result = applied.result
@@ -276,5 +276,5 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def GetCognitiveStats(
         self, request: cognitive_pb2.GetCognitiveStatsRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.GetCognitiveStatsResponse:
-        applied = self.domain.stats(tenant_of(context), request.session_id)
+        applied = await self.read(self.domain.stats, tenant_of(context), request.session_id)
         return cognitive_pb2.GetCognitiveStatsResponse(**applied.result)

@@ -91,7 +91,9 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
     async def GetTaskResult(
         self, request: task_pb2.GetTaskResultRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.GetTaskResultResponse:
-        applied = self.domain.get_task(tenant_of(context), request.session_id, request.task_id)
+        applied = await self.read(
+            self.domain.get_task, tenant_of(context), request.session_id, request.task_id
+        )
         task = applied.result
         response = task_pb2.GetTaskResultResponse(
             has_result="result" in task,
@@ -142,7 +144,9 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
     async def GetGlobalState(
         self, request: task_pb2.GetGlobalStateRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.GetGlobalStateResponse:
-        applied = self.domain.get_global(tenant_of(context), request.session_id, request.key)
+        applied = await self.read(
+            self.domain.get_global, tenant_of(context), request.session_id, request.key
+        )
         return task_pb2.GetGlobalStateResponse(
             value=to_value(applied.result), version=applied.version
         )
