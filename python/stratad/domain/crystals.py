@@ -1172,7 +1172,7 @@ class CrystalLibraries:
         lib.journal = self.store.open_journal(path)
         old_fd, lib.read_fd = lib.read_fd, os.open(path, os.O_RDONLY)
         os.close(old_fd)
-        old.close()
+        old.close(trim=False)
         if lib.listed_holes:
             lib._trim_listing()
         log.info(

@@ -419,7 +419,7 @@ class Profiles:
         self.store.rewrite_journal(jpath, [snapshot])
         tp.journal = self.store.open_journal(jpath)
         tp.snapshot_bytes = tp.journal.size
-        old.close()
+        old.close(trim=False)
 
 
 class _Encoded(Record):

@@ -377,7 +377,7 @@ class SessionManager:
             if live.deleted:
                 return
             live.deleted = True
-            live.journal.close()
+            live.journal.close(trim=False)
             trash = live.path.with_name(f"{_TRASH_PREFIX}{live.state.session_id}-{time.time_ns()}")
             with contextlib.suppress(OSError):
                 live.path.rename(trash)
@@ -480,7 +480,7 @@ class SessionManager:
         except Exception:
             with self._lock:
                 self._sessions.pop(live.key, None)
-            journal.close()
+            journal.close(trim=False)
             shutil.rmtree(path, ignore_errors=True)
             raise
         journal.sync(offset)
@@ -545,7 +545,7 @@ class SessionManager:
             # Objects carried only by this journal must outlive it.
             self.store.persist_objects(live.tenant)
             trash = live.path.with_name(f"{_TRASH_PREFIX}{session_id}-{time.time_ns()}")
-            live.journal.close()
+            live.journal.close(trim=False)
             live.path.rename(trash)
             self.store.fsync_dir(live.path.parent)
             live.deleted = True
@@ -725,7 +725,7 @@ class SessionManager:
         self.store.rewrite_journal(jpath, [snapshot])
         live.journal = self.store.open_journal(jpath, live.tenant.journal_bytes)
         live.snapshot_bytes = live.journal.size
-        old.close()
+        old.close(trim=False)
         if self.replicator is not None:
             self.replicator.compacted(live)
         log.debug("compacted %s/%s to %d bytes", *live.key, live.snapshot_bytes)

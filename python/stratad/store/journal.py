@@ -532,7 +532,10 @@ class Journal:
             for observe in FSYNC_OBSERVERS:
                 observe(self.path, time.perf_counter() - started)
 
-    def close(self) -> None:
+    def close(self, *, trim: bool = True) -> None:
+        """Close the file; with `trim`, cut its preallocated zeros first. A
+        journal whose file was replaced (compaction) or is being removed is
+        closed without: cutting it would be filesystem work for nothing."""
         with self._append_lock:
             tally, self._tally = self._tally, None  # counted out once, however often closed
             # Closed once too: a second os.close of the number would close
@@ -542,7 +545,7 @@ class Journal:
             tally.add(-self._size)
         if fd >= 0:
             with contextlib.suppress(OSError):
-                if self._allocated > self._size:  # the file ends with its last record again
+                if trim and self._allocated > self._size:  # it ends with its last record again
                     os.ftruncate(fd, self._size)
             with contextlib.suppress(OSError):
                 os.close(fd)
