@@ -358,3 +358,47 @@ def test_a_compaction_holding_a_sessions_lock_never_holds_up_the_event_loop(
     assert entered["save"].startswith("stratad-worker")
     assert entered["read"].startswith("stratad-worker")
     assert api.load("agent").data == b"while compacting"
+
+
+def test_a_deletion_holding_a_sessions_lock_never_holds_up_the_event_loop(
+    api: Api, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletion keeps the session's lock across fsyncs (its objects, the
+    directory it leaves): a call for the session meanwhile waits on a worker
+    thread, and is answered NOT_FOUND once the deletion is done."""
+    api.create("agent")
+    api.save("agent", b"to be deleted")
+    engine = api.server.resources.engine
+    read_on: list[str] = []
+    read_arrived = threading.Event()
+    real_stats = engine.cognitive.stats
+
+    def stats(*args: Any, **kwargs: Any) -> Any:
+        read_on.append(threading.current_thread().name)
+        read_arrived.set()
+        return real_stats(*args, **kwargs)
+
+    monkeypatch.setattr(engine.cognitive, "stats", stats)
+    real_fsync_dir = engine.store.fsync_dir
+
+    def fsync_dir(path: Path) -> None:
+        if path.name == "sessions":
+            gate.hold()  # the deletion's directory fsync, on a slow disk
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(engine.store, "fsync_dir", fsync_dir)
+    deleting = in_background(lambda: engine.sessions.delete("default", "agent"))
+    assert gate.entered.wait(WAIT)
+    cognitive = cognitive_pb2_grpc.CognitiveStateServiceStub(api.channel)
+    request = cognitive_pb2.GetCognitiveStatsRequest(session_id="agent")
+    reading = in_background(lambda: cognitive.GetCognitiveStats(request, timeout=WAIT))
+    try:
+        assert read_arrived.wait(WAIT)
+        assert health_answers(api), "health held up by a deletion's fsync"
+    finally:
+        gate.released.set()
+    assert deleting.result(WAIT) is True
+    with pytest.raises(grpc.RpcError) as refused:
+        reading.result(WAIT)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(read_on) == 1 and read_on[0].startswith("stratad-worker")

@@ -109,10 +109,10 @@ class LiveSession:
     #: with the state's bytes before that chunk (an upload on that checkpoint
     #: resumes its digest check there; see Checkpoints._check_state_digest).
     digest_resume: dict[str, dict[int, Any]] = field(default_factory=dict)
-    #: A compaction is about to take, or holds, the lock (for fsyncs and a
-    #: snapshot): calls for the session must not wait for it on the event loop
-    #: (see SessionManager.compacting).
-    compacting: bool = False
+    #: The lock is about to be, or is, held across fsyncs (a compaction, a
+    #: deletion): calls for the session must not wait for it on the event loop
+    #: (see SessionManager.held_for_io).
+    held_for_io: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -212,8 +212,9 @@ class SessionManager:
         self._written: dict[tuple[str, str], LiveSession] = {}
         store.on_tick(self.compact_requested)
         #: Returns once the event loop serving calls (if any) has finished the
-        #: callback it is running; called from the compacting thread. The
-        #: daemon sets it (server/app.py); in-process users have no loop.
+        #: callback it is running; called by a thread about to hold a session's
+        #: lock across fsyncs (`_exclusively`). The daemon sets it
+        #: (server/app.py); in-process users have no loop.
         self.loop_barrier: Callable[[], None] = lambda: None
         #: Set by the engine when sessions replicate to object storage.
         self.replicator: Replicator | None = None
@@ -532,7 +533,7 @@ class SessionManager:
         if self.replicator is not None:
             self.replicator.ensure_writable(live)
             self.replicator.session_deleted(live)
-        with live.lock:
+        with self._exclusively(live):
             check_usable(live, allow_damaged=True)
             check_version(live, expected_version)
             if only_if is not None and not only_if(live):
@@ -738,29 +739,29 @@ class SessionManager:
 
     @contextlib.contextmanager
     def _exclusively(self, live: LiveSession) -> Iterator[None]:
-        """Hold the session's lock for a compaction, which waits for the disk
-        (fsyncs) with it held: the session is marked `compacting` first, and
-        the lock taken only once the event loop has finished what it was
-        running (`loop_barrier`), so every call the loop starts for the session
-        from then on runs on a worker thread instead (`compacting`) and no call
-        already under way can be left waiting on the loop."""
-        live.compacting = True
+        """Hold the session's lock across fsyncs (a compaction, a deletion): the
+        session is marked `held_for_io` first, and the lock taken only once the
+        event loop has finished what it was running (`loop_barrier`), so every
+        call the loop starts for the session from then on runs on a worker
+        thread instead (`held_for_io`) and no call already under way can be
+        left waiting for the disk on the loop."""
+        live.held_for_io = True
         try:
             self.loop_barrier()
             with live.lock:
                 yield
         finally:
-            live.compacting = False
+            live.held_for_io = False
 
-    def compacting(self, tenant: str, session_ids: str | Iterable[str]) -> bool:
-        """Is any of these sessions being compacted? The servicers then run
-        their calls for it on a worker thread, not on the event loop (waiting
-        there for the compaction's fsyncs would hold up every other call)."""
+    def held_for_io(self, tenant: str, session_ids: str | Iterable[str]) -> bool:
+        """Is the lock of any of these sessions held across fsyncs (or about to
+        be)? The servicers then run their calls for it on a worker thread, not
+        on the event loop: waiting there would hold up every other call."""
         ids = (session_ids,) if isinstance(session_ids, str) else session_ids
         sessions = self._sessions
         for session_id in ids:
             live = sessions.get((tenant, session_id))
-            if live is not None and live.compacting:
+            if live is not None and live.held_for_io:
                 return True
         return False
 

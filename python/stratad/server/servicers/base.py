@@ -55,12 +55,12 @@ class Servicer:
         it journals and applies without waiting for the disk, which costs less
         than a hand-off to a worker thread; the committer thread then fsyncs
         once for every mutation that queued up meanwhile. Large or slow work
-        uses `run`, and so does a mutation of a session being compacted, whose
-        lock is held across fsyncs (waiting for it on the loop would hold up
-        every other call).
+        uses `run`, and so does a mutation of a session whose lock is held
+        across fsyncs (a compaction, a deletion: waiting for it on the loop
+        would hold up every other call).
         """
         ids = session if isinstance(session, str) else [s for s, _ in session]
-        if self.engine.sessions.compacting(tenant, ids):
+        if self.engine.sessions.held_for_io(tenant, ids):
             return await self.run(fn, tenant, session, *args, **kwargs)
         commit: Commit = []
         result = fn(tenant, session, *args, commit=commit, **kwargs)
@@ -74,9 +74,9 @@ class Servicer:
         self, fn: Callable[..., T], tenant: str, session_id: str, *args: Any, **kwargs: Any
     ) -> T:
         """A cheap read of one session: on the event loop (a hand-off to a worker
-        thread would cost more than the read), unless the session is being
-        compacted and its lock is held across fsyncs (see `mutate`)."""
-        if self.engine.sessions.compacting(tenant, session_id):
+        thread would cost more than the read), unless the session's lock is
+        held across fsyncs (see `mutate`)."""
+        if self.engine.sessions.held_for_io(tenant, session_id):
             return await self.run(fn, tenant, session_id, *args, **kwargs)
         return fn(tenant, session_id, *args, **kwargs)
 
