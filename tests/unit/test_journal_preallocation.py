@@ -53,7 +53,7 @@ def test_records_are_written_into_zeros_kept_after_them(tmp_path: Path) -> None:
         replay = read_records(path)
         assert [r.body["i"] for r in replay.records] == list(range(300))
         assert replay.valid_bytes == journal.size
-        assert replay.zero_tail and not replay.torn_record and replay.corrupt_at is None
+        assert replay.zero_tail and replay.corrupt_at is None
     finally:
         journal.close()
 
@@ -85,7 +85,7 @@ def test_a_torn_append_into_the_zeros_is_still_a_torn_record(tmp_path: Path) -> 
     path.write_bytes(bytes(data) + bytes(4096))
     replay = read_records(path)
     assert len(replay.records) == 20 and replay.valid_bytes == good_end
-    assert replay.torn_record and not replay.zero_tail
+    assert replay.torn_bytes and not replay.zero_tail
 
 
 def save(engine: Engine, session_id: str, data: bytes) -> str:

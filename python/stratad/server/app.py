@@ -259,13 +259,13 @@ async def _start(
     )
     if backend is not None:
         stratad_server.on_stop(backend.remove)
-    stratad_server.on_stop(lambda: setattr(sessions, "loop_barrier", _no_barrier))
+    stratad_server.on_stop(lambda: setattr(sessions, "loop_barrier", lambda: None))
     return stratad_server
 
 
-#: How long a compaction waits for the event loop to finish the callback it is
-#: running before it takes the session's lock anyway (callbacks take well
-#: under a millisecond; this only bounds a loop that is stuck).
+#: How long a compaction or deletion waits for the event loop to finish the
+#: callback it is running before it takes the session's lock anyway (callbacks
+#: take well under a millisecond; this only bounds a loop that is stuck).
 LOOP_BARRIER_SECONDS = 1.0
 
 
@@ -286,10 +286,6 @@ def loop_barrier(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
         passed.wait(LOOP_BARRIER_SECONDS)
 
     return wait
-
-
-def _no_barrier() -> None:
-    pass
 
 
 def _start_front(

@@ -36,8 +36,9 @@ and writes each record into it. An fdatasync that only overwrites blocks the
 file already has needs no filesystem metadata commit (on ext4, no journal
 transaction for the file's new size): append + fdatasync of a 700-byte
 record took 124 µs instead of 186 on this project's test machine, of an 8 KB
-one 127 µs instead of 261 (`bench/journal_fsync.py`). The space
-is cut off when the journal is closed; after a crash, recovery finds the zeros
+one 127 µs instead of 261 (`bench/journal_fsync.py`). The space is cut
+off when the journal is closed (unless its file was replaced or is being
+removed); after a crash, recovery finds the zeros
 where the records end and cuts them as it cuts a torn tail (see
 `ReplayResult.zero_tail`), so a file with a zero tail never reaches an old or
 new reader as data.
@@ -252,11 +253,6 @@ class ReplayResult:
     #: crash left (or blocks a power loss left unwritten), not a torn record.
     zero_tail: bool = False
 
-    @property
-    def torn_record(self) -> bool:
-        """A torn tail that is not just zeros: an interrupted append."""
-        return bool(self.torn_bytes) and not self.zero_tail
-
 
 def read_records(path: Path, cipher: RecordCipher | None = None) -> ReplayResult:
     """Read every valid record; classify what follows the last one.
@@ -287,11 +283,11 @@ def parse_records(data: bytes, cipher: RecordCipher | None = None) -> ReplayResu
     rest = len(data) - pos
     if rest and not _is_torn_tail(data, pos, cipher):
         return ReplayResult(records, pos, 0, corrupt_at=pos, first_end=first_end)
-    zero_tail = bool(rest) and is_zeros(data, pos)
+    zero_tail = bool(rest) and _is_zeros(data, pos)
     return ReplayResult(records, pos, rest, first_end=first_end, zero_tail=zero_tail)
 
 
-def is_zeros(data: bytes, start: int) -> bool:
+def _is_zeros(data: bytes, start: int) -> bool:
     """Whether every byte of `data` from `start` on is zero (at C speed)."""
     return data.count(0, start) == len(data) - start
 
