@@ -459,7 +459,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "### (c) Disk use with journal compaction", "",
         "A session journal is rewritten as one snapshot record when it outgrows 128 KiB and",
         "twice its last snapshot, so disk use stays within a small multiple of the",
-        "live state instead of growing with every update.", "",
+        "live state instead of growing with every update. Measured while the daemon runs:",
+        "the open journal's preallocated zeros (at most 1/8 of it; docs/storage.md) count.", "",
         disk_table(disk), "",
     ])  # fmt: skip
     print(section)
