@@ -23,7 +23,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from stratad import native
-from stratad.api.v1 import checkpoint_pb2, cognitive_pb2, cognitive_pb2_grpc
+from stratad.api.v1 import (
+    checkpoint_pb2,
+    cognitive_pb2,
+    cognitive_pb2_grpc,
+    profile_pb2,
+    profile_pb2_grpc,
+)
 from stratad.store import journal as journal_module
 
 if TYPE_CHECKING:
@@ -401,4 +407,52 @@ def test_a_deletion_holding_a_sessions_lock_never_holds_up_the_event_loop(
     with pytest.raises(grpc.RpcError) as refused:
         reading.result(WAIT)
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(read_on) == 1 and read_on[0].startswith("stratad-worker")
+
+
+def test_a_profile_compaction_never_holds_up_the_event_loop(
+    api: Api, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tenant's profile journal is compacted with its lock held across
+    fsyncs; a GetProfile meanwhile (served on the event loop otherwise) waits
+    on a worker thread, and health checks are answered."""
+    profiles_stub = profile_pb2_grpc.ProfileServiceStub(api.channel)
+
+    def update(text: str) -> None:
+        request = profile_pb2.UpdateProfileRequest(user_id="ada", goals=[text])
+        profiles_stub.UpdateProfile(request, timeout=WAIT)
+
+    update("first")
+    engine = api.server.resources.engine
+    monkeypatch.setattr(engine.profiles, "compact_min_bytes", 1)  # the next update compacts
+    read_on: list[str] = []
+    read_arrived = threading.Event()
+    real_get = engine.profiles.get
+
+    def get(*args: Any) -> Any:
+        read_on.append(threading.current_thread().name)
+        read_arrived.set()
+        return real_get(*args)
+
+    monkeypatch.setattr(engine.profiles, "get", get)
+    real_rewrite = journal_module.rewrite
+
+    def rewrite(path: Path, *args: Any, **kwargs: Any) -> None:
+        if path.parent.name == "profiles":
+            gate.hold()  # the compaction's fsync of the new journal, on a slow disk
+        real_rewrite(path, *args, **kwargs)
+
+    monkeypatch.setattr(journal_module, "rewrite", rewrite)
+    updating = in_background(lambda: update("second"))
+    assert gate.entered.wait(WAIT)
+    request = profile_pb2.GetProfileRequest(user_id="ada")
+    reading = in_background(lambda: profiles_stub.GetProfile(request, timeout=WAIT))
+    try:
+        assert read_arrived.wait(WAIT)
+        assert health_answers(api), "health held up by a profile compaction's fsync"
+        assert not reading.done(), "read without the profile lock"
+    finally:
+        gate.released.set()
+    updating.result(WAIT)
+    assert reading.result(WAIT).profile.user_id == "ada"
     assert len(read_on) == 1 and read_on[0].startswith("stratad-worker")

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -191,6 +191,9 @@ class _TenantProfiles:
     #: write, and of each deletion not overwritten since (last writer wins).
     stamps: dict[str, Key] = field(default_factory=dict)
     tombstones: dict[str, Key] = field(default_factory=dict)
+    #: The lock is about to be, or is, held across a compaction's fsyncs:
+    #: reads must not wait for it on the event loop (Profiles.held_for_io).
+    held_for_io: bool = False
 
     def current(self, user_id: str) -> Key:
         """The stamp a write of `user_id` must exceed to win."""
@@ -205,6 +208,8 @@ class Profiles:
         self._tenants: dict[str, _TenantProfiles] = {}
         #: Set when tenant libraries replicate to object storage (domain/library_replication.py).
         self.replica: LibraryReplica | None = None
+        #: As SessionManager.loop_barrier (the daemon sets both).
+        self.loop_barrier: Callable[[], None] = lambda: None
 
     # -- recovery ----------------------------------------------------------------
 
@@ -283,10 +288,10 @@ class Profiles:
             offset, ticket = self._append(tp, tenant, record)
             _apply(tp, record)
             journal = tp.journal
-            self._maybe_compact(tp)
         assert journal is not None
-        journal.sync(offset)  # after a compaction: at once (it synced this journal)
+        journal.sync(offset)
         self._acknowledge(tenant, ticket)
+        self._compact_if_outgrown(tp)
         return profile, old is None
 
     def delete(self, tenant: str, user_id: str) -> None:
@@ -304,10 +309,10 @@ class Profiles:
             offset, ticket = self._append(tp, tenant, record)
             _apply(tp, record)
             journal = tp.journal
-            self._maybe_compact(tp)
         assert journal is not None
         journal.sync(offset)
         self._acknowledge(tenant, ticket)
+        self._compact_if_outgrown(tp)
 
     def compress(self, tenant: str, user_id: str, max_tokens: int = 0) -> tuple[str, bool]:
         if max_tokens < 0:
@@ -360,10 +365,9 @@ class Profiles:
                 _apply(tp, record)
                 changed += 1
             journal = tp.journal
-            if changed:
-                self._maybe_compact(tp)
         if changed and journal is not None:
             journal.sync(end)
+            self._compact_if_outgrown(tp)
         return changed
 
     def export_origin(self, tenant: str, nodes: Collection[str]) -> list[bytes]:
@@ -404,11 +408,42 @@ class Profiles:
             self.store.fsync_dir(tp.root)
         return tp.journal
 
-    def _maybe_compact(self, tp: _TenantProfiles) -> None:
-        """Rewrite the journal as one snapshot once it outgrows its threshold (lock held)."""
-        old = tp.journal
-        if old is None or old.size <= max(self.compact_min_bytes, 4 * tp.snapshot_bytes):
+    def held_for_io(self, tenant: str) -> bool:
+        """Is the tenant's profile lock held across a compaction's fsyncs (or
+        about to be)? The servicer then reads on a worker thread, not on the
+        event loop: waiting there would hold up every other call."""
+        tp = self._tenants.get(tenant)
+        return tp is not None and tp.held_for_io
+
+    def _outgrown(self, tp: _TenantProfiles) -> bool:
+        journal = tp.journal
+        return journal is not None and journal.size > max(
+            self.compact_min_bytes, 4 * tp.snapshot_bytes
+        )
+
+    def _compact_if_outgrown(self, tp: _TenantProfiles) -> None:
+        """Rewrite the journal as one snapshot once it outgrows its threshold.
+
+        The lock is held across the compaction's fsyncs, so the tenant is
+        marked `held_for_io` first and the lock taken once the event loop has
+        finished what it was running (`loop_barrier`): reads it starts from
+        then on run on worker threads (SessionManager._exclusively does the
+        same for sessions)."""
+        if not self._outgrown(tp):
             return
+        tp.held_for_io = True
+        try:
+            self.loop_barrier()
+            with tp.lock:
+                if self._outgrown(tp) and not tp.damaged:
+                    self._compact(tp)
+        finally:
+            tp.held_for_io = False
+
+    def _compact(self, tp: _TenantProfiles) -> None:
+        """Replace the journal by one snapshot record (lock held)."""
+        old = tp.journal
+        assert old is not None
         old.sync_now()  # writers still waiting on `old` find their records synced
         jpath = tp.root / JOURNAL
         body: dict[str, Any] = {"at": time.time(), "profiles": tp.profiles}

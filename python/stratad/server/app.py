@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
@@ -241,8 +242,11 @@ async def _start(
         raise
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
-    sessions = resources.engine.sessions
-    sessions.loop_barrier = loop_barrier(asyncio.get_running_loop())
+    # Domains that hold a lock across fsyncs wait for the loop first (see loop_barrier).
+    barrier_users = (resources.engine.sessions, resources.engine.profiles)
+    barrier = loop_barrier(asyncio.get_running_loop())
+    for domain in barrier_users:
+        domain.loop_barrier = barrier
     lifecycle = _start_lifecycle(resources, metrics)
     stratad_server = StratadServer(
         server,
@@ -259,12 +263,13 @@ async def _start(
     )
     if backend is not None:
         stratad_server.on_stop(backend.remove)
-    stratad_server.on_stop(lambda: setattr(sessions, "loop_barrier", lambda: None))
+    for domain in barrier_users:
+        stratad_server.on_stop(functools.partial(setattr, domain, "loop_barrier", lambda: None))
     return stratad_server
 
 
 #: How long a compaction or deletion waits for the event loop to finish the
-#: callback it is running before it takes the session's lock anyway (callbacks
+#: callback it is running before it takes its lock anyway (callbacks
 #: take well under a millisecond; this only bounds a loop that is stuck).
 LOOP_BARRIER_SECONDS = 1.0
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -11,6 +12,8 @@ from stratad.domain.profiles import Profiles
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import timestamp
 from stratad.server.servicers.values import set_value, to_py
+
+T = TypeVar("T")
 
 
 def profile_to_pb(p: dict[str, Any]) -> profile_pb2.UserProfile:
@@ -64,10 +67,17 @@ class ProfileServicer(Servicer, profile_pb2_grpc.ProfileServiceServicer):
     def domain(self) -> Profiles:
         return self.engine.profiles
 
+    async def _read(self, fn: Callable[..., T], tenant: str, *args: Any) -> T:
+        """A cheap read: on the event loop, unless the tenant's profile lock is
+        held across a compaction's fsyncs (see Servicer.read)."""
+        if self.domain.held_for_io(tenant):
+            return await self.run(fn, tenant, *args)
+        return fn(tenant, *args)
+
     async def GetProfile(
         self, request: profile_pb2.GetProfileRequest, context: grpc.aio.ServicerContext
     ) -> profile_pb2.GetProfileResponse:
-        profile = self.domain.get(tenant_of(context), request.user_id)
+        profile = await self._read(self.domain.get, tenant_of(context), request.user_id)
         return profile_pb2.GetProfileResponse(profile=profile_to_pb(profile))
 
     async def UpdateProfile(
@@ -85,8 +95,8 @@ class ProfileServicer(Servicer, profile_pb2_grpc.ProfileServiceServicer):
     async def CompressProfile(
         self, request: profile_pb2.CompressProfileRequest, context: grpc.aio.ServicerContext
     ) -> profile_pb2.CompressProfileResponse:
-        text, truncated = self.domain.compress(
-            tenant_of(context), request.user_id, request.max_tokens
+        text, truncated = await self._read(
+            self.domain.compress, tenant_of(context), request.user_id, request.max_tokens
         )
         return profile_pb2.CompressProfileResponse(context=text, truncated=truncated)
 
