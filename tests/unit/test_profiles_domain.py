@@ -11,7 +11,7 @@ import pytest
 
 from stratad.domain.engine import Engine
 from stratad.domain.profiles import compress, new_profile, update_from_interaction
-from stratad.errors import InvalidArgumentError, NotFoundError
+from stratad.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from stratad.store import journal as journal_mod
 
 T = "acme"
@@ -116,6 +116,32 @@ def test_compress_profile_reports_truncation(engine: Engine) -> None:
     assert engine.profiles.compress(T, "alice", 5) == ("COMMU", True)
     with pytest.raises(InvalidArgumentError):
         engine.profiles.compress(T, "alice", -1)
+
+
+def test_an_update_stands_when_the_compaction_after_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compaction an update triggers runs after the update is durable: a
+    full disk during it fails the compaction (the old journal stays), not the
+    update; the next update compacts."""
+    jpath = tmp_path / "tenants" / T / "profiles" / "journal"
+    with open_engine(tmp_path, compact_min_bytes=2048) as engine:
+        real_rewrite = journal_mod.rewrite
+
+        def disk_full(*args: Any, **kwargs: Any) -> None:
+            raise ResourceExhaustedError("disk full during journal compaction")
+
+        monkeypatch.setattr(journal_mod, "rewrite", disk_full)
+        for n in range(40):  # well past the threshold: every update tries
+            engine.profiles.update(T, "ada", {"goals": [f"goal {n}"]})
+        assert journal_mod.read_records(jpath).records[0].kind != "snapshot"
+        monkeypatch.setattr(journal_mod, "rewrite", real_rewrite)
+        engine.profiles.update(T, "ada", {"goals": ["after the disk had room"]})
+        assert journal_mod.read_records(jpath).records[0].kind == "snapshot"
+        expected = engine.profiles.get(T, "ada")
+    assert expected["goals"][-1] == "after the disk had room"
+    with open_engine(tmp_path) as engine:
+        assert engine.profiles.get(T, "ada") == expected
 
 
 def test_profiles_survive_a_restart_and_compaction(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from stratad.domain import structured as st
 from stratad.domain.ids import validate_id
 from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
-from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError
+from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
 from stratad.store.crypto import RecordCipher
 from stratad.store.journal import Journal, Record, seal_record
@@ -437,6 +437,10 @@ class Profiles:
             with tp.lock:
                 if self._outgrown(tp) and not tp.damaged:
                     self._compact(tp)
+        except (OSError, StratadError):
+            # The mutation that got here is durable: it must not fail. The old
+            # journal stays in use; the next mutation tries again.
+            log.exception("compacting the profile journal of %s failed", tp.root)
         finally:
             tp.held_for_io = False
 
