@@ -309,6 +309,44 @@ def test_a_digest_check_resumed_from_the_last_upload_still_refuses_bad_uploads(
     assert api.load("agent", checkpoint_id=third.checkpoint_id).data == again
 
 
+class Arrivals:
+    """Records on which thread a patched domain method was entered, and when."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+        self.arrived = threading.Event()
+
+    def wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.threads.append(threading.current_thread().name)
+            self.arrived.set()
+            return real(*args, **kwargs)
+
+        return call
+
+    def on_workers_only(self) -> bool:
+        return bool(self.threads) and all(t.startswith("stratad-worker") for t in self.threads)
+
+
+def spy_on(monkeypatch: pytest.MonkeyPatch, owner: Any, method: str) -> Arrivals:
+    arrivals = Arrivals()
+    monkeypatch.setattr(owner, method, arrivals.wrap(getattr(owner, method)))
+    return arrivals
+
+
+def hold_journal_rewrites(monkeypatch: pytest.MonkeyPatch, gate: Gate, directory: str) -> None:
+    """A compaction of the journal in `directory` waits on `gate` (its fsync of
+    the new journal, on a slow disk)."""
+    real_rewrite = journal_module.rewrite
+
+    def rewrite(path: Path, *args: Any, **kwargs: Any) -> None:
+        if path.parent.name == directory:
+            gate.hold()
+        real_rewrite(path, *args, **kwargs)
+
+    monkeypatch.setattr(journal_module, "rewrite", rewrite)
+
+
 def test_a_compaction_holding_a_sessions_lock_never_holds_up_the_event_loop(
     api: Api, gate: Gate, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -322,28 +360,9 @@ def test_a_compaction_holding_a_sessions_lock_never_holds_up_the_event_loop(
     initialize = cognitive_pb2.InitializeRequest(session_id="agent", goal="g")
     cognitive.Initialize(initialize, timeout=WAIT)
     engine = api.server.resources.engine
-    entered: dict[str, str] = {}
-    arrived = {name: threading.Event() for name in ("save", "read")}
-
-    def spy(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            entered[name] = threading.current_thread().name
-            arrived[name].set()
-            return real(*args, **kwargs)
-
-        return call
-
-    checkpoints, cognitive_state = engine.checkpoints, engine.cognitive
-    monkeypatch.setattr(checkpoints, "save_state", spy("save", checkpoints.save_state))
-    monkeypatch.setattr(cognitive_state, "stats", spy("read", cognitive_state.stats))
-    real_rewrite = journal_module.rewrite
-
-    def rewrite(path: Path, *args: Any, **kwargs: Any) -> None:
-        if path.parent.name == "agent":
-            gate.hold()  # the compaction's fsync of the new journal, on a slow disk
-        real_rewrite(path, *args, **kwargs)
-
-    monkeypatch.setattr(journal_module, "rewrite", rewrite)
+    saves = spy_on(monkeypatch, engine.checkpoints, "save_state")
+    reads = spy_on(monkeypatch, engine.cognitive, "stats")
+    hold_journal_rewrites(monkeypatch, gate, "agent")
     compacting = in_background(lambda: engine.sessions.compact("default", "agent"))
     assert gate.entered.wait(WAIT)
     saving = in_background(lambda: api.save("agent", b"while compacting"))
@@ -353,7 +372,7 @@ def test_a_compaction_holding_a_sessions_lock_never_holds_up_the_event_loop(
         )
     )
     try:
-        assert arrived["save"].wait(WAIT) and arrived["read"].wait(WAIT)
+        assert saves.arrived.wait(WAIT) and reads.arrived.wait(WAIT)
         assert health_answers(api), "health held up by a compaction's fsync"
         assert not saving.done() and not reading.done(), "served without the session's lock"
     finally:
@@ -361,8 +380,7 @@ def test_a_compaction_holding_a_sessions_lock_never_holds_up_the_event_loop(
     compacting.result(WAIT)
     assert saving.result(WAIT).digest == native.digest_hex(b"while compacting")
     assert reading.result(WAIT).initialized
-    assert entered["save"].startswith("stratad-worker")
-    assert entered["read"].startswith("stratad-worker")
+    assert saves.on_workers_only() and reads.on_workers_only()
     assert api.load("agent").data == b"while compacting"
 
 
@@ -375,16 +393,7 @@ def test_a_deletion_holding_a_sessions_lock_never_holds_up_the_event_loop(
     api.create("agent")
     api.save("agent", b"to be deleted")
     engine = api.server.resources.engine
-    read_on: list[str] = []
-    read_arrived = threading.Event()
-    real_stats = engine.cognitive.stats
-
-    def stats(*args: Any, **kwargs: Any) -> Any:
-        read_on.append(threading.current_thread().name)
-        read_arrived.set()
-        return real_stats(*args, **kwargs)
-
-    monkeypatch.setattr(engine.cognitive, "stats", stats)
+    reads = spy_on(monkeypatch, engine.cognitive, "stats")
     real_fsync_dir = engine.store.fsync_dir
 
     def fsync_dir(path: Path) -> None:
@@ -399,7 +408,7 @@ def test_a_deletion_holding_a_sessions_lock_never_holds_up_the_event_loop(
     request = cognitive_pb2.GetCognitiveStatsRequest(session_id="agent")
     reading = in_background(lambda: cognitive.GetCognitiveStats(request, timeout=WAIT))
     try:
-        assert read_arrived.wait(WAIT)
+        assert reads.arrived.wait(WAIT)
         assert health_answers(api), "health held up by a deletion's fsync"
     finally:
         gate.released.set()
@@ -407,7 +416,7 @@ def test_a_deletion_holding_a_sessions_lock_never_holds_up_the_event_loop(
     with pytest.raises(grpc.RpcError) as refused:
         reading.result(WAIT)
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
-    assert len(read_on) == 1 and read_on[0].startswith("stratad-worker")
+    assert reads.on_workers_only()
 
 
 def test_a_profile_compaction_never_holds_up_the_event_loop(
@@ -425,34 +434,18 @@ def test_a_profile_compaction_never_holds_up_the_event_loop(
     update("first")
     engine = api.server.resources.engine
     monkeypatch.setattr(engine.profiles, "compact_min_bytes", 1)  # the next update compacts
-    read_on: list[str] = []
-    read_arrived = threading.Event()
-    real_get = engine.profiles.get
-
-    def get(*args: Any) -> Any:
-        read_on.append(threading.current_thread().name)
-        read_arrived.set()
-        return real_get(*args)
-
-    monkeypatch.setattr(engine.profiles, "get", get)
-    real_rewrite = journal_module.rewrite
-
-    def rewrite(path: Path, *args: Any, **kwargs: Any) -> None:
-        if path.parent.name == "profiles":
-            gate.hold()  # the compaction's fsync of the new journal, on a slow disk
-        real_rewrite(path, *args, **kwargs)
-
-    monkeypatch.setattr(journal_module, "rewrite", rewrite)
+    reads = spy_on(monkeypatch, engine.profiles, "get")
+    hold_journal_rewrites(monkeypatch, gate, "profiles")
     updating = in_background(lambda: update("second"))
     assert gate.entered.wait(WAIT)
     request = profile_pb2.GetProfileRequest(user_id="ada")
     reading = in_background(lambda: profiles_stub.GetProfile(request, timeout=WAIT))
     try:
-        assert read_arrived.wait(WAIT)
+        assert reads.arrived.wait(WAIT)
         assert health_answers(api), "health held up by a profile compaction's fsync"
         assert not reading.done(), "read without the profile lock"
     finally:
         gate.released.set()
     updating.result(WAIT)
     assert reading.result(WAIT).profile.user_id == "ada"
-    assert len(read_on) == 1 and read_on[0].startswith("stratad-worker")
+    assert reads.on_workers_only()
