@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -155,9 +155,9 @@ def _slow_commits(server: Any, seconds: float) -> Callable[[], None]:
     committer = server.resources.engine.committer
     original = committer.wait
 
-    async def slow(points: Any) -> None:
+    async def slow(points: Any, on_durable: Any = None) -> None:
         await asyncio.sleep(seconds)
-        await original(points)
+        await original(points, on_durable)
 
     committer.wait = slow
     return lambda: setattr(committer, "wait", original)
@@ -179,6 +179,55 @@ def test_deadline_exceeded_then_the_save_is_still_durable(native: Any) -> None:
         assert _load(checkpoints, "d") in (b'{"late": true}', b"")
         assert _save(checkpoints, "d", b'{"next": 1}').checkpoint_id
         assert _load(checkpoints, "d") == b'{"next": 1}'
+    assert native.server.front._calls == {}
+
+
+@contextlib.contextmanager
+def _loop_held_after_commits(server: Any) -> Iterator[threading.Event]:
+    """Hold the event loop, once a mutation is durable, until the returned event
+    is set: the call cannot resume (nor anything else run on the loop) meanwhile."""
+    sessions = server.resources.engine.sessions
+    original = sessions.announce
+    release = threading.Event()
+
+    def held(commit: Any) -> None:
+        if commit:
+            release.wait(DEADLINE * 2)
+        original(commit)
+
+    sessions.announce = held
+    try:
+        yield release
+    finally:
+        release.set()
+        sessions.announce = original
+
+
+def test_a_durable_save_is_answered_before_its_call_resumes(native: Any) -> None:
+    """The committer thread answers a save as soon as it is on disk: a client
+    gets its answer even while the event loop is stuck after the commit."""
+    channel, sessions, checkpoints = _stubs(native.target)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="e"), timeout=DEADLINE)
+        first = _save(checkpoints, "e", b'{"step": 1}')
+        with _loop_held_after_commits(native) as release:
+            saved = _save(checkpoints, "e", b'{"step": 2}', timeout=DEADLINE)
+            release.set()
+        with _loop_held_after_commits(native) as release:
+            written = checkpoints.PutWrites(
+                checkpoint_pb2.PutWritesRequest(
+                    session_id="e",
+                    checkpoint_id=saved.checkpoint_id,
+                    task_id="t",
+                    writes=[checkpoint_pb2.WriteValue(idx=0, channel="c", value=b"v")],
+                ),
+                timeout=DEADLINE,
+            )
+            release.set()
+        assert saved.version == first.version + 1
+        assert saved.checkpoint_id != first.checkpoint_id
+        assert written.stored == 1 and written.version == saved.version + 1
+        assert _load(checkpoints, "e") == b'{"step": 2}'
     assert native.server.front._calls == {}
 
 

@@ -142,6 +142,8 @@ class FrontContext:
         self._trailers: tuple[tuple[str, Any], ...] = ()
         self._done = False
         self._cancelled = False
+        #: Answered OK by `answer_early` before the handler returned.
+        self.answered = False
 
     def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
         if self._metadata is None:
@@ -202,10 +204,21 @@ class FrontContext:
     def cancelled(self) -> bool:
         return self._cancelled
 
+    def answer_early(self, response: bytes) -> None:
+        """Answer OK with ``response`` now, before the handler returns; callable
+        from any thread (the group committer calls it once a save is durable:
+        store/commit.py). The handler's own answer is then not sent."""
+        if self._call.finish(response, grpc.StatusCode.OK.value[0], "", []):
+            self.answered = True
+
     def finish(self, response: bytes | None) -> None:
         """Send the answer: ``response`` (if any) and the status set on this context."""
         self._done = True
         code = self._code or grpc.StatusCode.OK
+        if self.answered:
+            if code != grpc.StatusCode.OK:  # nothing may fail once a write is durable
+                _log.error("%s answered OK, then ended with %s", self._call.method, code.name)
+            return
         self._call.finish(response, code.value[0], self._details, list(self._trailers))
 
 
@@ -349,6 +362,9 @@ class FrontDoor:
         deserialize = handler.request_deserializer
         request = deserialize(message) if deserialize is not None else message
         response = await handler.unary_unary(request, context)
+        if context.answered:
+            context.finish(None)
+            return
         serialize = handler.response_serializer
         context.finish(serialize(response) if serialize is not None else response)
 

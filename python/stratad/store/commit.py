@@ -8,6 +8,11 @@ thread per call). Instead, one committer thread takes every batch that queued
 up while it was syncing the previous one, fsyncs each journal once up to its
 furthest offset, and wakes all the waiting coroutines of the batch with one
 call into their event loop.
+
+A waiter may also hand over an action to take on the committer thread the
+moment its fsync has returned (`wait(..., on_durable=...)`): the native front
+door's early answer of a save (server/front.py), which then reaches its
+client without waiting for the event loop to wake up and resume the call.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class _Waiter:
     loop: asyncio.AbstractEventLoop
     #: The waiting call's span (tracing on): the batch's fsync span links to it.
     span_context: Any = None
+    #: Run on the committer thread once the points are durable (not on failure).
+    on_durable: Callable[[], object] | None = None
 
 
 class GroupCommitter:
@@ -54,16 +61,26 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._run, name="stratad-commit", daemon=True)
         self._thread.start()
 
-    async def wait(self, points: Sequence[SyncPoint]) -> None:
-        """Return once every point is durable (raises what the fsync raised)."""
+    async def wait(
+        self, points: Sequence[SyncPoint], on_durable: Callable[[], object] | None = None
+    ) -> None:
+        """Return once every point is durable (raises what the fsync raised).
+
+        `on_durable`, if given, is called on the committer thread as soon as
+        the points are durable, before this coroutine is woken up; never if
+        the fsync failed, nor when there are no points. It must be quick and
+        must not touch the event loop.
+        """
         if not points:
-            return
+            return  # nothing to wait for: the caller answers right away anyway
         # Even a lone writer's fsync goes to the committer thread: on the
         # event loop, one slow fsync (a busy disk: tens of ms) would stall
         # every other call, health checks included.
         loop = asyncio.get_running_loop()
         with tracing.span("stratad.journal.commit", {"stratad.journal.records": len(points)}):
-            waiter = _Waiter(points, loop.create_future(), loop, tracing.current_span_context())
+            waiter = _Waiter(
+                points, loop.create_future(), loop, tracing.current_span_context(), on_durable
+            )
             with self._cond:
                 if self._stopped:
                     raise RuntimeError("group committer stopped")
@@ -91,6 +108,8 @@ class GroupCommitter:
                 sync_all(p for w in batch for p in w.points)
         except BaseException as exc:  # handed to every waiter of the batch
             error = exc
+        else:
+            _run_on_durable(batch)
         by_loop: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
         for waiter in batch:
             by_loop.setdefault(waiter.loop, []).append(waiter)
@@ -140,6 +159,16 @@ def sync_all(points: Iterable[SyncPoint]) -> None:
             return
     for point in furthest.values():
         point.journal.sync(point.offset)
+
+
+def _run_on_durable(batch: list[_Waiter]) -> None:
+    for waiter in batch:
+        if waiter.on_durable is None:
+            continue
+        try:
+            waiter.on_durable()
+        except Exception:  # the waiter is still woken up and answers as usual
+            log.exception("an action on a durable commit failed")
 
 
 def _resolve(waiters: list[_Waiter], error: BaseException | None) -> Callable[[], None]:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from stratad import tracing
 from stratad.domain.sessions import Commit
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from stratad.server.registry import Resources
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 __all__ = ["DEFAULT_TENANT", "TENANT_METADATA_KEY", "Servicer", "tenant_of"]
 
 
@@ -59,13 +61,55 @@ class Servicer:
         across fsyncs (a compaction, a deletion: waiting for it on the loop
         would hold up every other call).
         """
+        return await self._mutate(fn, tenant, session, args, kwargs, None)
+
+    async def mutate_and_answer(
+        self,
+        context: Any,
+        respond: Callable[[T], M],
+        fn: Callable[..., T],
+        tenant: str,
+        session: str,
+        *args: Any,
+        **kwargs: Any,
+    ) -> M:
+        """`mutate`, then ``respond(result)``: the call's answer. Served by the
+        native front door, the answer leaves from the committer thread the
+        moment the mutation is durable, without waiting for the event loop to
+        resume this call (one thread hand-off less per save); the rest of the
+        call (announcing the change to watchers, metrics) follows. With
+        synchronous replication the answer waits for the replica as before."""
+        answer_early = getattr(context, "answer_early", None)
+        answer: M | None = None
+
+        def on_applied(result: T) -> Callable[[], object] | None:
+            nonlocal answer
+            answer = respond(result)
+            if answer_early is None:
+                return None
+            return functools.partial(answer_early, answer.SerializeToString())
+
+        result = await self._mutate(fn, tenant, session, args, kwargs, on_applied)
+        return answer if answer is not None else respond(result)
+
+    async def _mutate(
+        self,
+        fn: Callable[..., T],
+        tenant: str,
+        session: str | Sequence[tuple[str, Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_applied: Callable[[T], Callable[[], object] | None] | None,
+    ) -> T:
         ids = session if isinstance(session, str) else [s for s, _ in session]
         if self.engine.sessions.held_for_io(tenant, ids):
             return await self.run(fn, tenant, session, *args, **kwargs)
         commit: Commit = []
         result = fn(tenant, session, *args, commit=commit, **kwargs)
-        await self.engine.committer.wait(commit)
-        if self.engine.replicator is not None and self.engine.replicator.mode == "sync":
+        on_durable = on_applied(result) if on_applied is not None else None
+        sync_replica = self.engine.replicator is not None and self.engine.replicator.mode == "sync"
+        await self.engine.committer.wait(commit, None if sync_replica else on_durable)
+        if sync_replica:
             await self.run(self.engine.sessions.replicate, commit)
         self.engine.sessions.announce(commit)
         return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 
 import grpc
@@ -10,7 +11,7 @@ import grpc
 from stratad.api.v1 import checkpoint_pb2, checkpoint_pb2_grpc, common_pb2
 from stratad.domain.checkpoints import ChunkUpload, SaveInput
 from stratad.domain.models import Checkpoint, SessionStatus
-from stratad.domain.writes import PruneStrategy, WriteInput, pending_writes
+from stratad.domain.writes import PruneStrategy, PutWritesResult, WriteInput, pending_writes
 from stratad.errors import InvalidArgumentError, StratadError
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import (
@@ -64,6 +65,10 @@ def _item_error(code: grpc.StatusCode, message: str) -> checkpoint_pb2.SaveState
     )
 
 
+def _writes_to_pb(result: PutWritesResult) -> checkpoint_pb2.PutWritesResponse:
+    return checkpoint_pb2.PutWritesResponse(version=result.version, stored=result.stored)
+
+
 def save_input(request: checkpoint_pb2.SaveStateRequest) -> SaveInput:
     upload = None
     if request.HasField("chunked"):
@@ -93,18 +98,24 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def SaveState(
         self, request: checkpoint_pb2.SaveStateRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.SaveStateResponse:
-        return await self._save(tenant_of(context), request)
+        return await self._save(tenant_of(context), request, context)
 
     async def _save(
-        self, tenant: str, request: checkpoint_pb2.SaveStateRequest
+        self,
+        tenant: str,
+        request: checkpoint_pb2.SaveStateRequest,
+        context: grpc.aio.ServicerContext | None = None,
     ) -> checkpoint_pb2.SaveStateResponse:
+        """Save one state; answer `context` (if given) as soon as the save is durable."""
         inp = save_input(request)
         checkpoints = self.engine.checkpoints
-        small = checkpoints.save_work(tenant, request.session_id, inp) <= INLINE_SAVE_BYTES
-        result = await (self.mutate if small else self.run)(
-            checkpoints.save_state, tenant, request.session_id, inp
+        if checkpoints.save_work(tenant, request.session_id, inp) > INLINE_SAVE_BYTES:
+            return save_to_pb(
+                await self.run(checkpoints.save_state, tenant, request.session_id, inp)
+            )
+        return await self.mutate_and_answer(
+            context, save_to_pb, checkpoints.save_state, tenant, request.session_id, inp
         )
-        return save_to_pb(result)
 
     async def LoadState(
         self, request: checkpoint_pb2.LoadStateRequest, context: grpc.aio.ServicerContext
@@ -301,17 +312,15 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     ) -> checkpoint_pb2.PutWritesResponse:
         writes = [WriteInput(w.idx, w.channel, w.type, w.value) for w in request.writes]
         small = sum(len(w.value) for w in writes) <= INLINE_SAVE_BYTES
-        result = await (self.mutate if small else self.run)(
+        put = functools.partial(
             self.engine.checkpoint_extras.put_writes,
-            tenant_of(context),
-            request.session_id,
-            request.checkpoint_id,
-            request.task_id,
-            writes,
             task_path=request.task_path,
             expected_version=request.expected_version,
         )
-        return checkpoint_pb2.PutWritesResponse(version=result.version, stored=result.stored)
+        args = (request.session_id, request.checkpoint_id, request.task_id, writes)
+        if not small:
+            return _writes_to_pb(await self.run(put, tenant_of(context), *args))
+        return await self.mutate_and_answer(context, _writes_to_pb, put, tenant_of(context), *args)
 
     async def CopySession(
         self, request: checkpoint_pb2.CopySessionRequest, context: grpc.aio.ServicerContext
