@@ -575,8 +575,9 @@ EXPLANATION = """What limits (b) and (a), measured:
   (CPU per thread, /proc, same load). With 16 clients each keeping one call
   in flight, throughput is 16 calls per round trip; durability `none`, which
   waits for no fsync, ran ~18% faster measured the same way (2,770 against
-  2,340 saves/s): the most a group commit off the GIL could still win. The
-  echo ratio moves with this machine's load (0.5-0.65x across runs).
+  2,340 saves/s, before saves were answered from the committer thread): the
+  most a group commit off the GIL could still win. The echo ratio moves
+  with this machine's load (0.5-0.65x across runs before that change).
 - Streaming: the front door now reads 16 requests ahead of a stream's
   handler (it read 2, so SaveStates got one request per round trip to the
   HTTP/2 thread and saved batches of 1-2); batches of ~7 saves cost the
@@ -584,7 +585,15 @@ EXPLANATION = """What limits (b) and (a), measured:
   domain work of each save on the one Python thread (~130 µs for an 8 KB
   state, of which zstd ~25 µs: this CPU compresses 8 KB at ~350 MB/s even
   at zstd's fastest levels). 3x unary would need ~120 µs per save all in:
-  the domain save of a whole batch in one native call.
+  the domain save of a whole batch in one native call. Measured again
+  2026-11-26 (CPU per thread from /proc over 3 rounds): the daemon spends
+  272-309 µs per streamed save (event loop ~200, committer ~30, background
+  syncer ~25, HTTP/2 thread ~25) and the clients ~107, so the two cores
+  saturate near 5,300 saves/s. The ratio fell when unary saves began to be
+  answered from the committer thread (unary latency, not CPU, bounds the
+  unary rounds: 16 calls in flight): 3x the faster unary (2,500-2,800/s)
+  is 7,500-8,500 streamed saves/s, 60-70% of what the echo stream itself
+  reaches here (~12,000/s) while answering without any work.
 - This benchmark's clients built every 8 KB state anew (~170 µs of client
   CPU per call, on the two cores the daemon uses) while the echo baseline
   sent prebuilt payloads; the state is now built once, as (a) does.
@@ -600,14 +609,16 @@ EXPLANATION = """What limits (b) and (a), measured:
   upload); the daemon ~550 µs (~80 in the HTTP/2 thread, ~350 on the event
   loop, of which ~200 the domain save, ~100 in the committer and background
   threads), plus the journal's fdatasync (~175 µs in the daemon, ~225 when
-  each append still grew the file: see "Journal commit latency") and six
-  hand-offs between threads (client, HTTP/2 thread, event loop, committer
-  and back), each waking a sleeping vCPU: ~0.9 ms in all, against ~0.7 ms
-  for a SqliteSaver put in the agent's own process. The storage engine
+  each append still grew the file: see "Journal commit latency") and five
+  hand-offs between threads (client, HTTP/2 thread, event loop, committer,
+  HTTP/2 thread, client), each waking a sleeping vCPU: ~0.85 ms in all,
+  against ~0.7 ms for a SqliteSaver put in the agent's own process. The storage engine
   in-process is faster than SqliteSaver at both sizes; through gRPC stratad
   was 0.64-0.76x at 500 steps and 1.5-2.0x at 2,000 in four runs on
   2026-11-26 (SqliteSaver writes the whole state each step; the SDK over
-  grpcio 0.45-0.63x at 500), while storing 180-670x fewer bytes.
+  grpcio 0.45-0.63x at 500), while storing 180-670x fewer bytes; with
+  saves answered from the committer thread, 0.70x and 0.77x at 500 steps
+  and 1.78x and 1.69x at 2,000 in two runs later that day.
 - Done to get here: the native front door (its interceptor chain resolved
   once per method, streams read ahead), the SDK's native unary client,
   client-side chunking (only new chunks travel) cut incrementally, the
@@ -619,10 +630,13 @@ EXPLANATION = """What limits (b) and (a), measured:
   journals written into preallocated zeros (the acknowledging fdatasync no
   longer commits a new file size: ~226 -> ~175 µs in the daemon; at 500
   steps +8% and +2% in two interleaved A/Bs, 843 -> 908 and 1,065 -> 1,085
-  checkpoints/s, medians of 5 and 6 runs).
-- Measured and left out: the committer thread answering a call as soon as
-  its fsync returns (+11% at 500 steps): the answer would then precede the
-  call's audit line, metrics and watchers' event; a lone writer's fsync
+  checkpoints/s, medians of 5 and 6 runs), and SaveState and PutWrites
+  answered from the committer thread the moment their record is durable,
+  not after the event loop has woken up and resumed the call (+8% at 500
+  steps, 1,106 -> 1,195 checkpoints/s, medians of 8 interleaved runs,
+  2026-11-26; these calls write no audit line, and announcing the change
+  to watchers and the call's metrics follow on the loop).
+- Measured and left out: a lone writer's fsync
   on the event loop (+12%): the loop must never wait for the disk (a stuck
   disk would stop health checks and reads); the event loop polling for
   200 or 500 µs before it sleeps, so that no wake-up of a sleeping vCPU sits
