@@ -26,7 +26,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
-from stratad.api.v1 import checkpoint_pb2, checkpoint_pb2_grpc, session_pb2, session_pb2_grpc
+from stratad.api.v1 import (
+    checkpoint_pb2,
+    checkpoint_pb2_grpc,
+    cognitive_pb2,
+    cognitive_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+)
 from stratad.config import Config, ConfigError
 from stratad.server import front
 from stratad.server.registry import SERVICES
@@ -229,6 +236,29 @@ def test_a_durable_save_is_answered_before_its_call_resumes(native: Any) -> None
         assert written.stored == 1 and written.version == saved.version + 1
         assert _load(checkpoints, "e") == b'{"step": 2}'
     assert native.server.front._calls == {}
+
+
+def test_a_durable_structured_update_is_answered_before_its_call_resumes(native: Any) -> None:
+    """As saves: a cognitive-state update is answered from the committer thread."""
+    channel, sessions, _ = _stubs(native.target)
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="u"), timeout=DEADLINE)
+        cognitive = cognitive_pb2_grpc.CognitiveStateServiceStub(channel)
+        started = cognitive.Initialize(
+            cognitive_pb2.InitializeRequest(session_id="u", goal="ship"), timeout=DEADLINE
+        )
+        with _loop_held_after_commits(native) as release:
+            recorded = cognitive.RecordDecision(
+                cognitive_pb2.RecordDecisionRequest(session_id="u", step=1, decision="d"),
+                timeout=DEADLINE,
+            )
+            release.set()
+        assert recorded.decision.decision == "d"
+        assert recorded.version == started.version + 1
+        state = cognitive.GetCognitiveState(
+            cognitive_pb2.GetCognitiveStateRequest(session_id="u"), timeout=DEADLINE
+        )
+        assert [d.decision for d in state.state.insights.decision_log] == ["d"]
 
 
 def _save_in_flight(checkpoints: Any, session: str) -> Any:

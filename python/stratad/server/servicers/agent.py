@@ -62,7 +62,9 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
     async def StartAgent(
         self, request: agent_pb2.StartAgentRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.StartAgentResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: agent_pb2.StartAgentResponse(**_state(applied)),
             self.domain.start,
             tenant_of(context),
             request.session_id,
@@ -72,13 +74,14 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
             mode=request.mode,
             expected_version=request.expected_version,
         )
-        return agent_pb2.StartAgentResponse(**_state(applied))
 
     async def ApplyReasoning(
         self, request: agent_pb2.ApplyReasoningRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.ApplyReasoningResponse:
         updates = request.context_updates
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: agent_pb2.ApplyReasoningResponse(**_state(applied)),
             self.domain.apply_reasoning,
             tenant_of(context),
             request.session_id,
@@ -92,42 +95,44 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
             record_only=request.record_only,
             expected_version=request.expected_version,
         )
-        return agent_pb2.ApplyReasoningResponse(**_state(applied))
 
     async def RecordToolResults(
         self, request: agent_pb2.RecordToolResultsRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.RecordToolResultsResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: agent_pb2.RecordToolResultsResponse(**_state(applied)),
             self.domain.record_tool_results,
             tenant_of(context),
             request.session_id,
             [struct_to_py(r, "results") for r in request.results],
             expected_version=request.expected_version,
         )
-        return agent_pb2.RecordToolResultsResponse(**_state(applied))
 
     async def AdvanceIteration(
         self, request: agent_pb2.AdvanceIterationRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.AdvanceIterationResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: agent_pb2.AdvanceIterationResponse(**_state(applied)),
             self.domain.advance_iteration,
             tenant_of(context),
             request.session_id,
             expected_version=request.expected_version,
         )
-        return agent_pb2.AdvanceIterationResponse(**_state(applied))
 
     async def StopAgent(
         self, request: agent_pb2.StopAgentRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.StopAgentResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: agent_pb2.StopAgentResponse(**_state(applied)),
             self.domain.stop,
             tenant_of(context),
             request.session_id,
             request.stop_reason,
             expected_version=request.expected_version,
         )
-        return agent_pb2.StopAgentResponse(**_state(applied))
 
     async def GetAgentState(
         self, request: agent_pb2.GetAgentStateRequest, context: grpc.aio.ServicerContext

@@ -106,13 +106,20 @@ class Servicer:
             return await self.run(fn, tenant, session, *args, **kwargs)
         commit: Commit = []
         result = fn(tenant, session, *args, commit=commit, **kwargs)
-        on_durable = on_applied(result) if on_applied is not None else None
+        on_durable = None
+        try:
+            if on_applied is not None:
+                on_durable = on_applied(result)
+        finally:  # applied is applied: made durable and announced even if that raised
+            await self._commit(commit, on_durable)
+        return result
+
+    async def _commit(self, commit: Commit, on_durable: Callable[[], object] | None) -> None:
         sync_replica = self.engine.replicator is not None and self.engine.replicator.mode == "sync"
         await self.engine.committer.wait(commit, None if sync_replica else on_durable)
         if sync_replica:
             await self.run(self.engine.sessions.replicate, commit)
         self.engine.sessions.announce(commit)
-        return result
 
     async def read(
         self, fn: Callable[..., T], tenant: str, session_id: str, *args: Any, **kwargs: Any

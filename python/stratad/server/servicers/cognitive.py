@@ -121,7 +121,11 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def Initialize(
         self, request: cognitive_pb2.InitializeRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.InitializeResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: cognitive_pb2.InitializeResponse(
+                crystallized=crystallized_to_pb(applied.result), version=applied.version
+            ),
             self.domain.initialize,
             tenant_of(context),
             request.session_id,
@@ -132,28 +136,30 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
             project_context=request.project_context,
             expected_version=request.expected_version,
         )
-        return cognitive_pb2.InitializeResponse(
-            crystallized=crystallized_to_pb(applied.result), version=applied.version
-        )
 
     async def UpdateFluid(
         self, request: cognitive_pb2.UpdateFluidRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.UpdateFluidResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: cognitive_pb2.UpdateFluidResponse(
+                fluid=fluid_to_pb(applied.result), version=applied.version
+            ),
             self.domain.update_fluid,
             tenant_of(context),
             request.session_id,
             fluid_fields(request),
             expected_version=request.expected_version,
         )
-        return cognitive_pb2.UpdateFluidResponse(
-            fluid=fluid_to_pb(applied.result), version=applied.version
-        )
 
     async def RecordDecision(
         self, request: cognitive_pb2.RecordDecisionRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.RecordDecisionResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: cognitive_pb2.RecordDecisionResponse(
+                decision=decision_to_pb(applied.result), version=applied.version
+            ),
             self.domain.record_decision,
             tenant_of(context),
             request.session_id,
@@ -162,14 +168,15 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
             rationale=request.rationale,
             expected_version=request.expected_version,
         )
-        return cognitive_pb2.RecordDecisionResponse(
-            decision=decision_to_pb(applied.result), version=applied.version
-        )
 
     async def RecordError(
         self, request: cognitive_pb2.RecordErrorRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.RecordErrorResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: cognitive_pb2.RecordErrorResponse(
+                error=error_to_pb(applied.result), version=applied.version
+            ),
             self.domain.record_error,
             tenant_of(context),
             request.session_id,
@@ -178,9 +185,6 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
             resolution=request.resolution,
             pattern=request.pattern,
             expected_version=request.expected_version,
-        )
-        return cognitive_pb2.RecordErrorResponse(
-            error=error_to_pb(applied.result), version=applied.version
         )
 
     # The next four may change nothing (a duplicate, no open error); such an

@@ -62,7 +62,12 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
     ) -> task_pb2.UpdateTaskStatusResponse:
         status = status_from_pb(request.status, required=True)
         assert status is not None
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: task_pb2.UpdateTaskStatusResponse(
+                task=task_to_pb(request.task_id, applied.result, with_result=False),
+                version=applied.version,
+            ),
             self.domain.update_status,
             tenant_of(context),
             request.session_id,
@@ -70,15 +75,13 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
             status,
             expected_version=request.expected_version,
         )
-        return task_pb2.UpdateTaskStatusResponse(
-            task=task_to_pb(request.task_id, applied.result, with_result=False),
-            version=applied.version,
-        )
 
     async def StoreTaskResult(
         self, request: task_pb2.StoreTaskResultRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.StoreTaskResultResponse:
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: task_pb2.StoreTaskResultResponse(version=applied.version),
             self.domain.store_result,
             tenant_of(context),
             request.session_id,
@@ -86,7 +89,6 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
             to_py(request.result, "result"),
             expected_version=request.expected_version,
         )
-        return task_pb2.StoreTaskResultResponse(version=applied.version)
 
     async def GetTaskResult(
         self, request: task_pb2.GetTaskResultRequest, context: grpc.aio.ServicerContext
@@ -128,7 +130,11 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
         mode = _MODES.get(request.mode)
         if mode is None:
             raise InvalidArgumentError(f"unknown global state update mode {request.mode}")
-        applied = await self.mutate(
+        return await self.mutate_and_answer(
+            context,
+            lambda applied: task_pb2.UpdateGlobalStateResponse(
+                value=to_value(applied.result), version=applied.version
+            ),
             self.domain.update_global,
             tenant_of(context),
             request.session_id,
@@ -136,9 +142,6 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
             to_py(request.value, "value"),
             mode=mode,
             expected_version=request.expected_version,
-        )
-        return task_pb2.UpdateGlobalStateResponse(
-            value=to_value(applied.result), version=applied.version
         )
 
     async def GetGlobalState(
