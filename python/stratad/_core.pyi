@@ -30,6 +30,7 @@ __all__ = [
     "digest",
     "digest_hex",
     "encode_delta_frame",
+    "encode_delta_frame_always",
     "encode_frame",
     "frame_delta_base",
     "frame_digest_hex",
@@ -40,6 +41,7 @@ __all__ = [
     "top_k",
     "train_dictionary",
     "verify_frame",
+    "with_delta_depth",
 ]
 
 DEFAULT_MIN_CHUNK: int
@@ -104,6 +106,13 @@ def encode_delta_frame(
 ) -> bytes:
     """The frame of `data` as a delta on `base` when that is smaller, else its
     plain frame (`plain`, when the caller already has it)."""
+
+def encode_delta_frame_always(data: bytes, base: bytes, base_depth: int, level: int = 3) -> bytes:
+    """The delta frame of `data` on `base` whatever its size (no plain frame is
+    made to compare with); `base_depth` must be below the chain limit."""
+
+def with_delta_depth(frame: bytes, depth: int) -> bytes:
+    """A delta frame with its depth set to `depth` (its base's depth + 1)."""
 
 def decode_delta_frame(frame: bytes, base: bytes, max_size: int) -> bytes:
     """The data of a delta frame, decoded against its base's data."""

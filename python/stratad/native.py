@@ -36,6 +36,7 @@ from stratad._core import (
     digest,
     digest_hex,
     encode_delta_frame,
+    encode_delta_frame_always,
     encode_frame,
     frame_delta_base,
     frame_digest_hex,
@@ -46,6 +47,7 @@ from stratad._core import (
     top_k,
     train_dictionary,
     verify_frame,
+    with_delta_depth,
 )
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "digest",
     "digest_hex",
     "encode_delta_frame",
+    "encode_delta_frame_always",
     "encode_frame",
     "frame_delta_base",
     "frame_digest_hex",
@@ -83,6 +86,7 @@ __all__ = [
     "top_k",
     "train_dictionary",
     "verify_frame",
+    "with_delta_depth",
 ]
 
 _LENGTH = struct.Struct("<Q")

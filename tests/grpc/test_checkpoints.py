@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import threading
@@ -294,6 +295,73 @@ def test_chunked_upload_with_a_corrupt_frame_is_invalid(s: str, api: Api) -> Non
     frame = bytearray(request.chunked.frames[0])
     frame[-1] ^= 0xFF
     request.chunked.frames[0] = bytes(frame)
+    api.fails(api.checkpoints.SaveState, request, INVALID, "corrupt", keeps=s)
+
+
+def delta_request(old: bytes, new: bytes, *, claimed_depth: int = 0, **fields: Any) -> Any:
+    """The chunked request of `new`: a chunk that rewrites the chunk of `old` at
+    its place (same first bytes) as a delta on it, the SDK's way; others plain."""
+    before = [old[o : o + n] for o, n in native.chunk_boundaries(old)]
+    request = chunked_request(new, **fields)
+    pieces = [new[o : o + n] for o, n in native.chunk_boundaries(new)]
+    for index, piece in enumerate(pieces):
+        replaced = before[index] if index < len(before) else b""
+        if replaced and replaced != piece and replaced[:64] == piece[:64]:
+            delta = native.encode_delta_frame_always(piece, replaced, claimed_depth)
+            request.chunked.frames[index] = delta
+    return request
+
+
+def stored_depth(api: Api, digest: str) -> int:
+    tenant = api.server.resources.engine.store.tenant("default")
+    return int(tenant.objects.content_and_depth(digest, 1 << 30)[1])
+
+
+def test_chunked_upload_takes_a_delta_on_a_stored_chunk_at_the_stores_depth(
+    s: str, api: Api
+) -> None:
+    old, new = growing(8), growing(8) + b" more words at the end"
+    api.call(api.checkpoints.SaveState, chunked_request(old))
+    request = delta_request(old, new, claimed_depth=9)  # the client's guess is ignored
+    deltas = [f for f in request.chunked.frames if native.frame_delta_base(f) is not None]
+    assert len(deltas) == 1
+    saved = api.call(api.checkpoints.SaveState, request)
+    assert (saved.digest, saved.size) == (sha(new), len(new))
+    assert api.load(s).data == new
+    base, _ = native.frame_delta_base(deltas[0]) or ("", 0)
+    assert stored_depth(api, base) == 0
+    assert stored_depth(api, native.frame_digest_hex(deltas[0])) == 1
+
+
+def test_delta_uploads_never_chain_past_the_limit(s: str, api: Api) -> None:
+    states = [growing(8) + b" step" * i for i in range(native.MAX_DELTA_DEPTH + 4)]
+    api.call(api.checkpoints.SaveState, chunked_request(states[0]))
+    for old, new in itertools.pairwise(states):
+        api.call(api.checkpoints.SaveState, delta_request(old, new))
+        assert api.load(s).data == new
+    last = [new[o : o + n] for o, n in native.chunk_boundaries(states[-1])][-1]
+    depths = [stored_depth(api, sha(new[o : o + n])) for new in states for o, n in
+              native.chunk_boundaries(new)]  # fmt: skip
+    assert max(depths) == native.MAX_DELTA_DEPTH
+    assert stored_depth(api, sha(last)) < native.MAX_DELTA_DEPTH  # restarted from a plain frame
+
+
+def test_a_delta_on_a_chunk_the_daemon_lacks_is_a_missing_chunk(s: str, api: Api) -> None:
+    old, new = growing(8), growing(8) + b" more"
+    request = delta_request(old, new)  # `old` was never saved
+    api.fails(api.checkpoints.SaveState, request, PRECONDITION, "chunks are missing", keeps=s)
+
+
+def test_a_corrupt_delta_upload_is_invalid(s: str, api: Api) -> None:
+    old, new = growing(8), growing(8) + b" more"
+    api.call(api.checkpoints.SaveState, chunked_request(old))
+    request = delta_request(old, new)
+    index = next(
+        i for i, f in enumerate(request.chunked.frames) if native.frame_delta_base(f) is not None
+    )
+    frame = bytearray(request.chunked.frames[index])
+    frame[-2] ^= 0xFF
+    request.chunked.frames[index] = bytes(frame)
     api.fails(api.checkpoints.SaveState, request, INVALID, "corrupt", keeps=s)
 
 

@@ -12,8 +12,9 @@ import grpc
 import pytest
 
 import stratad
-from stratad import errors
+from stratad import errors, native
 from stratad.api.v1 import admin_pb2, checkpoint_pb2, checkpoint_pb2_grpc, session_pb2
+from stratad.domain import checkpoints as checkpoints_domain
 from stratad.sdk.client import save_request
 
 if TYPE_CHECKING:
@@ -36,7 +37,9 @@ class Recorder(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
         self.calls: list[tuple[str, Any]] = []
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        self.calls.append((details.method.rsplit("/", 1)[-1], request))
+        sent = type(request)()
+        sent.CopyFrom(request)  # as sent: the SDK may change a request to retry it
+        self.calls.append((details.method.rsplit("/", 1)[-1], sent))
         return continuation(details, request)
 
     @property
@@ -228,6 +231,45 @@ def test_growing_state_saved_50_times_loads_back_identical_and_stores_little(
     assert max(sent[1:]) < len(states[-1]) // 4  # only what the daemon lacks travels
 
 
+def test_sdk_sends_a_rewritten_chunk_as_a_delta_on_the_one_it_replaces(
+    client: stratad.Client,
+) -> None:
+    client.create_session("s")
+    recorder = record(client)
+    states = growing_states(3)
+    for state in states:
+        client.save_state("s", state)
+        assert client.load_state("s").data == state
+    first, *later = recorder.requests("SaveState")
+    assert all(native.frame_delta_base(f) is None for f in first.chunked.frames)
+    for request in later:
+        deltas = [f for f in request.chunked.frames if native.frame_delta_base(f) is not None]
+        assert deltas, "the grown last chunk travels as a delta"
+
+
+def test_sdk_sends_plain_frames_to_a_daemon_that_predates_delta_uploads(
+    client: stratad.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What daemons before delta uploads did with every uploaded frame.
+    monkeypatch.setattr(
+        checkpoints_domain,
+        "_decode_upload",
+        lambda live, frame, listed: (frame, native.decode_frame(frame, listed)),
+    )
+    client.create_session("s")
+    recorder = record(client)
+    states = growing_states(3)
+    for state in states:
+        client.save_state("s", state)
+        assert client.load_state("s").data == state
+    # Refused once as undecodable, then sent plain, and plain from then on.
+    assert recorder.methods.count("SaveState") == 4
+    refused, resent, last = recorder.requests("SaveState")[1:]
+    assert any(native.frame_delta_base(f) is not None for f in refused.chunked.frames)
+    for request in (resent, last):
+        assert all(native.frame_delta_base(f) is None for f in request.chunked.frames)
+
+
 def test_small_states_are_sent_whole(client: stratad.Client) -> None:
     client.create_session("s")
     recorder = record(client)
@@ -333,6 +375,26 @@ def test_async_client_round_trip_with_chunked_uploads(api: Api) -> None:
             return [(await client.load_state("s", cid)).data for cid in ids]
 
     assert run(scenario()) == states
+
+
+def test_async_client_sends_plain_frames_to_a_daemon_that_predates_delta_uploads(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        checkpoints_domain,
+        "_decode_upload",
+        lambda live, frame, listed: (frame, native.decode_frame(frame, listed)),
+    )
+    states = growing_states(3)
+
+    async def scenario() -> tuple[list[bytes], bool]:
+        async with stratad.AsyncClient(api.target) as client:
+            await client.create_session("s")
+            ids = [(await client.save_state("s", s)).checkpoint_id for s in states]
+            loaded = [(await client.load_state("s", cid)).data for cid in ids]
+            return loaded, client._uploader is not None and client._uploader.deltas
+
+    assert run(scenario()) == (states, False)
 
 
 def test_async_client_context_manager_closes_the_channel(api: Api) -> None:

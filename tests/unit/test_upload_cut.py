@@ -145,9 +145,19 @@ def test_the_uploader_sends_what_whole_cutting_would() -> None:
     # Only chunks the daemon was not sent before travel, each exactly once.
     sent = [native.frame_digest_hex(f) for f in chunked.frames]
     assert sent and set(sent) == set(digests[chunked.keep :]) - set(first.digests)
-    for frame in chunked.frames:
+    # The rewritten last chunk goes as a delta on the chunk it replaces (which
+    # the daemon holds); every frame decodes to its chunk.
+    replaced = first.digests[-1]
+    bases = [native.frame_delta_base(f) for f in chunked.frames]
+    assert [b[0] for b in bases if b is not None] == [replaced]
+    for frame, base in zip(chunked.frames, bases, strict=True):
         found = plan.chunk(native.frame_digest_hex(frame))
-        assert found is not None and native.decode_frame(frame, len(found)) == found
+        assert found is not None
+        if base is None:
+            assert native.decode_frame(frame, len(found)) == found
+        else:
+            old = first.chunk(replaced)
+            assert old is not None and native.decode_delta_frame(frame, old, len(found)) == found
 
 
 def test_edits_right_around_every_cut() -> None:

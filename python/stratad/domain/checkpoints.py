@@ -282,7 +282,9 @@ class Checkpoints:
         Each frame's header is checked first (cheap): it must name a listed
         chunk and the length listed for it, so no frame decodes to more than
         the request declared. Each distinct chunk is decoded once; frames of
-        chunks the store already holds are not decoded at all.
+        chunks the store already holds are not decoded at all. A delta frame
+        whose base the store lacks is left out: its chunk counts as missing,
+        and the client sends it whole.
         """
         decoded: dict[str, tuple[bytes, bytes]] = {}
         for frame in up.frames:
@@ -305,11 +307,13 @@ class Checkpoints:
             if digest in decoded or live.tenant.objects.has(digest):
                 continue
             try:
-                decoded[digest] = (frame, native.decode_frame(frame, listed))
+                found = _decode_upload(live, frame, listed)
             except CorruptObjectError as exc:
                 raise InvalidArgumentError(
                     f"uploaded chunk {digest} is corrupt: {exc}", reason="UPLOAD_MISMATCH"
                 ) from exc
+            if found is not None:
+                decoded[digest] = found
         return decoded
 
     @staticmethod
@@ -776,6 +780,35 @@ def capture_structured(live: LiveSession) -> tuple[dict[str, Any], list[tuple[st
         ref["digest"] = digest
     live.structured_ref, live.structured_dirty = ref, False
     return dict(ref), inline
+
+
+def _decode_upload(live: LiveSession, frame: bytes, listed: int) -> tuple[bytes, bytes] | None:
+    """(frame to store, content) of an uploaded frame whose header was checked;
+    None for a delta frame on an object the store cannot give (its chunk is
+    then missing). Raises CorruptObjectError for a frame that does not decode
+    to the content its header names.
+
+    A delta frame (the client compressed a rewritten chunk against the chunk
+    it replaces) is decoded against its base and kept as it came, with the
+    depth set from the base's own: the depth is the store's to know, and it
+    bounds the chains a read decodes. A base at the limit gets a plain frame.
+    """
+    base = native.frame_delta_base(frame)
+    if base is None:
+        return frame, native.decode_frame(frame, listed)
+    objects = live.tenant.objects
+    if not objects.has(base[0]):
+        return None
+    try:
+        content, depth = objects.content_and_depth(base[0], live.tenant.max_object_bytes)
+    except (DataLossError, CorruptObjectError):
+        return None  # a damaged base: Verify reports it; the chunk comes whole
+    data = native.decode_delta_frame(frame, content, listed)
+    if depth + 1 > native.MAX_DELTA_DEPTH:
+        return native.encode_frame(data), data
+    if base[1] != depth + 1:
+        frame = native.with_delta_depth(frame, depth + 1)
+    return frame, data
 
 
 def _listed_lengths(chunks: list[tuple[str, int]]) -> dict[str, int]:

@@ -37,6 +37,7 @@ from stratad.errors import (
     ERROR_BY_STATUS,
     ERROR_DOMAIN,
     FailedPreconditionError,
+    InvalidArgumentError,
     NotFoundError,
     StratadError,
 )
@@ -180,6 +181,14 @@ def _native_channel(connection: Connection, max_message_bytes: int) -> NativeUna
 
 def _missing_chunks(exc: StratadError) -> bool:
     return isinstance(exc, FailedPreconditionError) and "chunks are missing" in exc.message
+
+
+def _deltas_refused(exc: StratadError) -> bool:
+    """A daemon from before delta uploads cannot decode one (it has no base for
+    it) and refuses the save; newer ones decode them against the stored base."""
+    return isinstance(exc, InvalidArgumentError) and "cannot be decoded without its base" in (
+        exc.message
+    )
 
 
 def _base_gone(exc: StratadError, plan: UploadPlan) -> bool:
@@ -365,6 +374,8 @@ class Client:
                     plan = self._uploader.with_frames(plan, missing)
                 elif _base_gone(exc, plan):
                     plan = self._uploader.without_base(plan)
+                elif _deltas_refused(exc) and self._uploader.deltas:
+                    plan = self._uploader.without_deltas(plan)
                 else:
                     raise
                 continue
@@ -710,6 +721,8 @@ class AsyncClient:
                     plan = self._uploader.with_frames(plan, missing)
                 elif _base_gone(exc, plan):
                     plan = self._uploader.without_base(plan)
+                elif _deltas_refused(exc) and self._uploader.deltas:
+                    plan = self._uploader.without_deltas(plan)
                 else:
                     raise
                 continue

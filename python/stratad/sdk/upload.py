@@ -143,6 +143,9 @@ class Uploader:
         # it is (cutting is content-defined), so it may be dropped any time.
         self._cuts: collections.OrderedDict[tuple[str, str], StateCut] = collections.OrderedDict()
         self._cut_bytes = 0
+        #: Rewritten chunks go as deltas, until a daemon too old for them
+        #: refuses one (`without_deltas`).
+        self.deltas = True
 
     def plan(
         self, request: checkpoint_pb2.SaveStateRequest, data: bytes | None = None
@@ -169,10 +172,12 @@ class Uploader:
                 chunked.base_checkpoint_id = last.checkpoint_id
                 chunked.keep = keep
         sent: set[str] = set()
-        for digest, (offset, length) in zip(digests[keep:], cut.cuts[keep:], strict=True):
+        for index in range(keep, len(digests)):
+            digest, (offset, length) = digests[index], cut.cuts[index]
             chunked.chunks.add(digest=digest, length=length)
             if digest not in known and digest not in sent:
-                chunked.frames.append(native.encode_frame(data[offset : offset + length]))
+                piece = data[offset : offset + length]
+                chunked.frames.append(self._frame(piece, previous, index))
                 sent.add(digest)
         out = checkpoint_pb2.SaveStateRequest()
         out.CopyFrom(request)
@@ -180,17 +185,54 @@ class Uploader:
         out.chunked.CopyFrom(chunked)
         return UploadPlan(out, key, cut)
 
+    def _frame(self, piece: bytes, previous: StateCut | None, index: int) -> bytes:
+        """The frame a new chunk is uploaded in: a delta on the previous state's
+        chunk at its place when the daemon holds that one and both start alike
+        (a growing state's rewritten last chunk then costs about what was
+        added, and the daemon keeps the delta as it comes instead of
+        compressing the chunk again), else a plain frame."""
+        if self.deltas and previous is not None and index < len(previous.cuts):
+            offset, length = previous.cuts[index]
+            same_start = previous.data[offset : offset + _SAME_START] == piece[:_SAME_START]
+            with self._lock:
+                held = previous.digests[index] in self._known
+            if same_start and held:
+                replaced = previous.data[offset : offset + length]
+                return native.encode_delta_frame_always(piece, replaced, 0)
+        return native.encode_frame(piece)
+
     def with_frames(self, plan: UploadPlan, missing: list[str]) -> UploadPlan:
         """After FAILED_PRECONDITION: forget what the daemon lacks, upload all of it."""
         with self._lock:
             for digest in missing:
                 self._known.pop(digest, None)
         chunked = plan.request.chunked
-        present = {native.frame_digest_hex(f) for f in chunked.frames}
+        # A missing chunk sent as a delta: its base is gone too; send it whole.
+        lacking = set(missing)
+        frames = [f for f in chunked.frames if native.frame_digest_hex(f) not in lacking]
+        present = {native.frame_digest_hex(f) for f in frames}
         for digest in dict.fromkeys(missing):
             piece = plan.chunk(digest) if digest not in present else None
             if piece is not None:
-                chunked.frames.append(native.encode_frame(piece))
+                frames.append(native.encode_frame(piece))
+        del chunked.frames[:]
+        chunked.frames.extend(frames)
+        return plan
+
+    def without_deltas(self, plan: UploadPlan) -> UploadPlan:
+        """The daemon predates delta uploads (it refused one as undecodable):
+        send this plan's chunks in plain frames, and every later plan's too."""
+        self.deltas = False
+        chunked = plan.request.chunked
+        frames = []
+        for frame in chunked.frames:
+            if native.frame_delta_base(frame) is not None:
+                piece = plan.chunk(native.frame_digest_hex(frame))
+                assert piece is not None, "a plan's frames are of its own chunks"
+                frame = native.encode_frame(piece)
+            frames.append(frame)
+        del chunked.frames[:]
+        chunked.frames.extend(frames)
         return plan
 
     def without_base(self, plan: UploadPlan) -> UploadPlan:
@@ -236,6 +278,11 @@ class Uploader:
                 del self._last[key]
             for key in [k for k in self._cuts if k[0] == session_id]:
                 self._cut_bytes -= len(self._cuts.pop(key).data)
+
+
+#: A new chunk is sent as a delta on the chunk it replaces only if both start
+#: with the same bytes (a grown or edited chunk does; the daemon's own rule).
+_SAME_START = 64
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:

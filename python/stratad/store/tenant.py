@@ -125,8 +125,9 @@ class TenantStore:
         state when that is smaller: a growing state rewrites its last chunk on
         every save, and as a delta that chunk costs about what was appended,
         not its whole compressed size again. `framed` holds plain frames the
-        caller already has (uploaded ones), used when no delta pays. Entries
-        before `first` are known not to be new (an upload's kept base entries).
+        caller already has (uploaded ones), used when no delta pays; an
+        uploaded delta frame is kept as it is. Entries before `first` are
+        known not to be new (an upload's kept base entries).
         """
         replaced = self._base_entries(base)
         replaced_count = manifest.entry_count(replaced)
@@ -139,13 +140,15 @@ class TenantStore:
             old = manifest.entry_digest(replaced, index) if index < replaced_count else ""
             piece = contents[digest]
             known = framed.get(digest) if framed is not None else None
-            frame = self._try_delta(piece, old, known)
-            if frame is None:
-                frame = known or native.encode_frame(piece)
-            found = native.frame_delta_base(frame)
+            found = native.frame_delta_base(known) if known is not None else None
+            if known is not None and found is not None:
+                frame = known  # uploaded as a delta (checked by the caller): kept
+            else:
+                frame = self._try_delta(piece, old, known) or known or native.encode_frame(piece)
+                found = native.frame_delta_base(frame)
             depth = 0 if found is None else found[1]
-            if depth:
-                delta_bases[old] = None
+            if found is not None:
+                delta_bases[found[0]] = None
             frames[digest] = frame
             self.objects.remember(digest, piece, depth)
         return frames, list(delta_bases)

@@ -69,10 +69,58 @@ pub fn encode_delta_frame_beside(
     if base_depth >= MAX_DELTA_DEPTH || base.is_empty() || data.is_empty() {
         return Ok(plain.into_owned());
     }
-    let packed = compress_with_prefix(data, base, level)?;
-    if FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE + packed.len() >= plain.len() {
+    let delta = delta_frame(data, base, base_depth, level)?;
+    if delta.len() >= plain.len() {
         return Ok(plain.into_owned());
     }
+    Ok(delta)
+}
+
+/// The delta frame of `data` on `base`, whatever its size: for a sender that
+/// compresses a rewritten chunk once, against the chunk it replaces, where
+/// [`encode_delta_frame`] also makes the plain frame to compare with (a delta
+/// on the chunk a grown one started from is smaller but for a few bytes).
+///
+/// Errors (`InvalidInput`) when `base_depth` is [`MAX_DELTA_DEPTH`] or beyond,
+/// or `data` or `base` is empty.
+pub fn encode_delta_frame_always(
+    data: &[u8],
+    base: &[u8],
+    base_depth: u8,
+    level: i32,
+) -> Result<Vec<u8>> {
+    if base_depth >= MAX_DELTA_DEPTH {
+        return Err(Error::invalid(format!(
+            "a base at depth {base_depth} takes no delta (at most {})",
+            MAX_DELTA_DEPTH - 1
+        )));
+    }
+    if base.is_empty() || data.is_empty() {
+        return Err(Error::invalid("a delta needs non-empty data and base"));
+    }
+    delta_frame(data, base, base_depth, level)
+}
+
+/// `frame`, a delta frame, with its depth set to `depth` (1 to
+/// [`MAX_DELTA_DEPTH`]). The depth is the receiver's to know (its base's own
+/// depth + 1), not the sender's; it is outside what the frame's digest covers
+/// (the decoded data), so setting it changes nothing the frame decodes to.
+pub fn with_delta_depth(frame: &[u8], depth: u8) -> Result<Vec<u8>> {
+    if depth == 0 || depth > MAX_DELTA_DEPTH {
+        return Err(Error::invalid(format!(
+            "a delta depth is 1 to {MAX_DELTA_DEPTH}, not {depth}"
+        )));
+    }
+    if frame_delta_base(frame)?.is_none() {
+        return Err(Error::invalid("not a delta frame"));
+    }
+    let mut out = frame.to_vec();
+    out[FRAME_HEADER_SIZE + DIGEST_SIZE] = depth;
+    Ok(out)
+}
+
+fn delta_frame(data: &[u8], base: &[u8], base_depth: u8, level: i32) -> Result<Vec<u8>> {
+    let packed = compress_with_prefix(data, base, level)?;
     let mut out = Vec::with_capacity(FRAME_HEADER_SIZE + DELTA_PREFIX_SIZE + packed.len());
     write_header(&mut out, CODEC_ZSTD_DELTA, data.len() as u64, &digest(data));
     out.extend_from_slice(&digest(base));
@@ -266,6 +314,50 @@ mod tests {
             frame_delta_base(&deep).expect("base").map(|b| b.1),
             Some(MAX_DELTA_DEPTH)
         );
+    }
+
+    #[test]
+    fn an_always_delta_decodes_and_takes_the_receivers_depth() {
+        let old = conversation(10);
+        let new = conversation(11);
+        let delta = encode_delta_frame_always(&new, &old, 0, 3).expect("delta");
+        assert_eq!(
+            delta,
+            encode_delta_frame(&new, &old, 0, 3).expect("smaller one")
+        );
+        let deeper = with_delta_depth(&delta, 7).expect("depth");
+        assert_eq!(
+            frame_delta_base(&deeper).expect("base"),
+            Some((digest(&old), 7))
+        );
+        assert_eq!(
+            decode_delta_frame(&deeper, &old, u64::MAX).expect("decode"),
+            new
+        );
+        // Unrelated data still gets a delta frame (larger than plain, never wrong).
+        let unrelated: Vec<u8> = (0..4000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        let forced = encode_delta_frame_always(&unrelated, &old, 2, 3).expect("forced");
+        assert_eq!(
+            frame_delta_base(&forced).expect("base").map(|b| b.1),
+            Some(3)
+        );
+        assert_eq!(
+            decode_delta_frame(&forced, &old, u64::MAX).expect("decode"),
+            unrelated
+        );
+        for (base, depth) in [(&old[..], MAX_DELTA_DEPTH), (&[][..], 0)] {
+            assert!(matches!(
+                encode_delta_frame_always(&new, base, depth, 3),
+                Err(Error::InvalidInput(_))
+            ));
+        }
+        let plain = encode_frame(&new, 3).expect("plain");
+        for (frame, depth) in [(&delta, 0), (&delta, MAX_DELTA_DEPTH + 1), (&plain, 1)] {
+            assert!(matches!(
+                with_delta_depth(frame, depth),
+                Err(Error::InvalidInput(_))
+            ));
+        }
     }
 
     #[test]

@@ -18,8 +18,8 @@ pub mod similarity;
 pub use chunking::{chunk_boundaries, DEFAULT_AVG_CHUNK, DEFAULT_MAX_CHUNK, DEFAULT_MIN_CHUNK};
 pub use compress::{compress, decompress, train_dictionary};
 pub use delta::{
-    decode_delta_frame, encode_delta_frame, encode_delta_frame_beside, frame_delta_base,
-    MAX_DELTA_DEPTH,
+    decode_delta_frame, encode_delta_frame, encode_delta_frame_always, encode_delta_frame_beside,
+    frame_delta_base, with_delta_depth, MAX_DELTA_DEPTH,
 };
 pub use digest::{common_prefix_len, digest, digest_hex, to_hex, Digester};
 pub use error::{Error, Result};

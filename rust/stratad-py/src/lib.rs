@@ -277,6 +277,40 @@ fn encode_delta_frame<'py>(
     Ok(PyBytes::new(py, &check(py, result)?))
 }
 
+/// The delta frame of `data` on `base` whatever its size (no plain frame is
+/// made to compare with); `base_depth` must be below the chain limit.
+#[pyfunction]
+#[pyo3(
+    signature = (data, base, base_depth, level = Int(3)),
+    text_signature = "(data, base, base_depth, level=3)"
+)]
+fn encode_delta_frame_always<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    base: &[u8],
+    base_depth: Int,
+    level: Int,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let level = level.level(py)?;
+    let depth = u8::try_from(base_depth.limit(py, "base_depth")?.min(255)).unwrap_or(u8::MAX);
+    let result = run(py, data.len(), || {
+        core::encode_delta_frame_always(data, base, depth, level)
+    });
+    Ok(PyBytes::new(py, &check(py, result)?))
+}
+
+/// A delta frame with its depth set to `depth` (its base's depth + 1).
+#[pyfunction]
+fn with_delta_depth<'py>(
+    py: Python<'py>,
+    frame: &[u8],
+    depth: Int,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let depth = u8::try_from(depth.limit(py, "depth")?.min(255)).unwrap_or(u8::MAX);
+    let result = check(py, core::with_delta_depth(frame, depth))?;
+    Ok(PyBytes::new(py, &result))
+}
+
 /// Length of the longest common prefix of two byte strings.
 #[pyfunction]
 fn common_prefix_length(py: Python<'_>, a: &[u8], b: &[u8]) -> usize {
@@ -709,6 +743,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_digest_hex, m)?)?;
     m.add_function(wrap_pyfunction!(encode_delta_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_delta_frame_always, m)?)?;
+    m.add_function(wrap_pyfunction!(with_delta_depth, m)?)?;
     m.add_function(wrap_pyfunction!(decode_delta_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_delta_base, m)?)?;
     m.add_function(wrap_pyfunction!(prepare_chunks, m)?)?;
