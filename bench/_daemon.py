@@ -47,8 +47,10 @@ def wait_serving(
 
 
 @contextlib.contextmanager
-def process(args: Sequence[str], address: str) -> Iterator[subprocess.Popen[bytes]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+def process(
+    args: Sequence[str], address: str, python_path: Path = ROOT / "python"
+) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "PYTHONPATH": str(python_path)}
     # stderr to a file, not a pipe: in a long run (bench/load.py's soak) a daemon
     # that logs would block once a pipe nobody reads is full.
     with tempfile.TemporaryFile() as stderr:
@@ -69,14 +71,17 @@ def process(args: Sequence[str], address: str) -> Iterator[subprocess.Popen[byte
 
 
 @contextlib.contextmanager
-def daemon_process(data_dir: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A `stratad serve` subprocess on a free loopback port; yields (address, process)."""
+def daemon_process(
+    data_dir: Path, *extra: str, python_path: Path = ROOT / "python"
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A `stratad serve` subprocess on a free loopback port; yields (address, process).
+    `python_path`: the stratad package to run (another version's, for an A/B)."""
     address = f"127.0.0.1:{free_port()}"
     args = [sys.executable, "-m", "stratad", "serve", "--listen", address]
     # No metrics endpoint: its default port would collide between daemons.
     args += ["--data-dir", str(data_dir), "--log-level", "warning", "--metrics-listen", "off"]
     args += extra
-    with process(args, address) as proc:
+    with process(args, address, python_path) as proc:
         yield address, proc
 
 

@@ -190,15 +190,17 @@ def test_deadline_exceeded_then_the_save_is_still_durable(native: Any) -> None:
 
 
 @contextlib.contextmanager
-def _loop_held_after_commits(server: Any) -> Iterator[threading.Event]:
-    """Hold the event loop, once a mutation is durable, until the returned event
-    is set: the call cannot resume (nor anything else run on the loop) meanwhile."""
+def _loop_held_after_commits(server: Any, after_version: int) -> Iterator[threading.Event]:
+    """Hold the event loop, once a mutation to a version past `after_version` is
+    durable, until the returned event is set: the call cannot resume (nor
+    anything else run on the loop) meanwhile. (An earlier call may still be
+    finishing on the loop after its answer: it passes.)"""
     sessions = server.resources.engine.sessions
     original = sessions.announce
     release = threading.Event()
 
     def held(commit: Any) -> None:
-        if commit:
+        if any(pending.event.version > after_version for pending in commit):
             release.wait(DEADLINE * 2)
         original(commit)
 
@@ -217,10 +219,10 @@ def test_a_durable_save_is_answered_before_its_call_resumes(native: Any) -> None
     with channel:
         sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="e"), timeout=DEADLINE)
         first = _save(checkpoints, "e", b'{"step": 1}')
-        with _loop_held_after_commits(native) as release:
+        with _loop_held_after_commits(native, first.version) as release:
             saved = _save(checkpoints, "e", b'{"step": 2}', timeout=DEADLINE)
             release.set()
-        with _loop_held_after_commits(native) as release:
+        with _loop_held_after_commits(native, saved.version) as release:
             written = checkpoints.PutWrites(
                 checkpoint_pb2.PutWritesRequest(
                     session_id="e",
@@ -247,7 +249,7 @@ def test_a_durable_structured_update_is_answered_before_its_call_resumes(native:
         started = cognitive.Initialize(
             cognitive_pb2.InitializeRequest(session_id="u", goal="ship"), timeout=DEADLINE
         )
-        with _loop_held_after_commits(native) as release:
+        with _loop_held_after_commits(native, started.version) as release:
             recorded = cognitive.RecordDecision(
                 cognitive_pb2.RecordDecisionRequest(session_id="u", step=1, decision="d"),
                 timeout=DEADLINE,
