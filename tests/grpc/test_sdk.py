@@ -231,15 +231,30 @@ def test_growing_state_saved_50_times_loads_back_identical_and_stores_little(
     assert max(sent[1:]) < len(states[-1]) // 4  # only what the daemon lacks travels
 
 
-def test_sdk_sends_a_rewritten_chunk_as_a_delta_on_the_one_it_replaces(
-    client: stratad.Client,
-) -> None:
+def saved_one_by_one(client: stratad.Client, states: list[bytes]) -> Recorder:
+    """Save `states` to a new session "s", each loaded back as saved; the calls made."""
     client.create_session("s")
     recorder = record(client)
-    states = growing_states(3)
     for state in states:
         client.save_state("s", state)
         assert client.load_state("s").data == state
+    return recorder
+
+
+@pytest.fixture
+def predates_delta_uploads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon decodes every uploaded frame as daemons before delta uploads did."""
+    monkeypatch.setattr(
+        checkpoints_domain,
+        "_decode_upload",
+        lambda live, frame, listed: (frame, native.decode_frame(frame, listed)),
+    )
+
+
+def test_sdk_sends_a_rewritten_chunk_as_a_delta_on_the_one_it_replaces(
+    client: stratad.Client,
+) -> None:
+    recorder = saved_one_by_one(client, growing_states(3))
     first, *later = recorder.requests("SaveState")
     assert all(native.frame_delta_base(f) is None for f in first.chunked.frames)
     for request in later:
@@ -247,21 +262,11 @@ def test_sdk_sends_a_rewritten_chunk_as_a_delta_on_the_one_it_replaces(
         assert deltas, "the grown last chunk travels as a delta"
 
 
+@pytest.mark.usefixtures("predates_delta_uploads")
 def test_sdk_sends_plain_frames_to_a_daemon_that_predates_delta_uploads(
-    client: stratad.Client, monkeypatch: pytest.MonkeyPatch
+    client: stratad.Client,
 ) -> None:
-    # What daemons before delta uploads did with every uploaded frame.
-    monkeypatch.setattr(
-        checkpoints_domain,
-        "_decode_upload",
-        lambda live, frame, listed: (frame, native.decode_frame(frame, listed)),
-    )
-    client.create_session("s")
-    recorder = record(client)
-    states = growing_states(3)
-    for state in states:
-        client.save_state("s", state)
-        assert client.load_state("s").data == state
+    recorder = saved_one_by_one(client, growing_states(3))
     # Refused once as undecodable, then sent plain, and plain from then on.
     assert recorder.methods.count("SaveState") == 4
     refused, resent, last = recorder.requests("SaveState")[1:]
@@ -377,14 +382,10 @@ def test_async_client_round_trip_with_chunked_uploads(api: Api) -> None:
     assert run(scenario()) == states
 
 
+@pytest.mark.usefixtures("predates_delta_uploads")
 def test_async_client_sends_plain_frames_to_a_daemon_that_predates_delta_uploads(
-    api: Api, monkeypatch: pytest.MonkeyPatch
+    api: Api,
 ) -> None:
-    monkeypatch.setattr(
-        checkpoints_domain,
-        "_decode_upload",
-        lambda live, frame, listed: (frame, native.decode_frame(frame, listed)),
-    )
     states = growing_states(3)
 
     async def scenario() -> tuple[list[bytes], bool]:

@@ -254,6 +254,12 @@ fn frame_digest_hex(py: Python<'_>, frame: &[u8]) -> PyResult<String> {
     Ok(core::to_hex(&check(py, core::frame_digest(frame))?))
 }
 
+/// A delta depth argument: beyond 255 it saturates (any depth past the
+/// chain limit is treated alike).
+fn depth_arg(py: Python<'_>, value: Int, name: &str) -> PyResult<u8> {
+    Ok(u8::try_from(value.limit(py, name)?.min(255)).unwrap_or(u8::MAX))
+}
+
 /// The frame of `data` as a delta on `base` when that is smaller, else its
 /// plain frame (`plain`, when the caller already has it).
 #[pyfunction]
@@ -270,7 +276,7 @@ fn encode_delta_frame<'py>(
     plain: Option<&[u8]>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let level = level.level(py)?;
-    let depth = u8::try_from(base_depth.limit(py, "base_depth")?.min(255)).unwrap_or(u8::MAX);
+    let depth = depth_arg(py, base_depth, "base_depth")?;
     let result = run(py, data.len(), || {
         core::encode_delta_frame_beside(data, base, depth, level, plain)
     });
@@ -292,7 +298,7 @@ fn encode_delta_frame_always<'py>(
     level: Int,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let level = level.level(py)?;
-    let depth = u8::try_from(base_depth.limit(py, "base_depth")?.min(255)).unwrap_or(u8::MAX);
+    let depth = depth_arg(py, base_depth, "base_depth")?;
     let result = run(py, data.len(), || {
         core::encode_delta_frame_always(data, base, depth, level)
     });
@@ -306,7 +312,7 @@ fn with_delta_depth<'py>(
     frame: &[u8],
     depth: Int,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let depth = u8::try_from(depth.limit(py, "depth")?.min(255)).unwrap_or(u8::MAX);
+    let depth = depth_arg(py, depth, "depth")?;
     let result = check(py, core::with_delta_depth(frame, depth))?;
     Ok(PyBytes::new(py, &result))
 }
