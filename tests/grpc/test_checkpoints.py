@@ -352,30 +352,34 @@ def test_a_delta_on_a_chunk_the_daemon_lacks_is_a_missing_chunk(s: str, api: Api
     api.fails(api.checkpoints.SaveState, request, PRECONDITION, "chunks are missing", keeps=s)
 
 
-@pytest.mark.parametrize("depth", [0, native.MAX_DELTA_DEPTH + 1, 255])
-def test_a_delta_upload_of_impossible_depth_is_invalid(s: str, api: Api, depth: int) -> None:
+def damaged_delta_upload(api: Api, damage: Callable[[bytearray], None]) -> Any:
+    """A stored state, then the upload of its grown successor with its delta frame
+    passed through `damage`."""
     old, new = growing(8), growing(8) + b" more"
     api.call(api.checkpoints.SaveState, chunked_request(old))
     request = delta_request(old, new)
-    index = next(
-        i for i, f in enumerate(request.chunked.frames) if native.frame_delta_base(f) is not None
-    )
-    frame = bytearray(request.chunked.frames[index])
-    frame[native.FRAME_HEADER_SIZE + 32] = depth  # after the base's digest
-    request.chunked.frames[index] = bytes(frame)
+    frames = request.chunked.frames
+    index = next(i for i, f in enumerate(frames) if native.frame_delta_base(f) is not None)
+    frame = bytearray(frames[index])
+    damage(frame)
+    frames[index] = bytes(frame)
+    return request
+
+
+@pytest.mark.parametrize("depth", [0, native.MAX_DELTA_DEPTH + 1, 255])
+def test_a_delta_upload_of_impossible_depth_is_invalid(s: str, api: Api, depth: int) -> None:
+    def set_depth(frame: bytearray) -> None:
+        frame[native.FRAME_HEADER_SIZE + 32] = depth  # after the base's digest
+
+    request = damaged_delta_upload(api, set_depth)
     api.fails(api.checkpoints.SaveState, request, INVALID, "depth", keeps=s)
 
 
 def test_a_corrupt_delta_upload_is_invalid(s: str, api: Api) -> None:
-    old, new = growing(8), growing(8) + b" more"
-    api.call(api.checkpoints.SaveState, chunked_request(old))
-    request = delta_request(old, new)
-    index = next(
-        i for i, f in enumerate(request.chunked.frames) if native.frame_delta_base(f) is not None
-    )
-    frame = bytearray(request.chunked.frames[index])
-    frame[-2] ^= 0xFF
-    request.chunked.frames[index] = bytes(frame)
+    def flip(frame: bytearray) -> None:
+        frame[-2] ^= 0xFF
+
+    request = damaged_delta_upload(api, flip)
     api.fails(api.checkpoints.SaveState, request, INVALID, "corrupt", keeps=s)
 
 
