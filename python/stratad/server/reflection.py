@@ -14,6 +14,10 @@ number for field number. So v1 is served here by the same servicer:
   naming the v1 type, like every RPC's), hands them to the v1alpha servicer
   re-encoded as v1alpha (the bytes are the same), and returns its answers as
   v1 messages.
+
+Both are answered from the default descriptor pool seen through
+`MethodSymbolPool`, which also finds the file of a method symbol
+(``pkg.Service.Method``): protobuf's own lookup does not (see there).
 """
 
 from __future__ import annotations
@@ -74,6 +78,40 @@ def v1_message_class(name: str) -> type[Message]:
     return message_factory.GetMessageClass(descriptor)
 
 
+class MethodSymbolPool:
+    """A descriptor pool whose FindFileContainingSymbol also resolves methods.
+
+    grpcurl (``describe pkg.Service.Method``), ghz's ``--call`` and every
+    grpc-go/grpc-java style client ask ``file_containing_symbol`` for a
+    method's full name. grpcio-reflection answers it with the pool's
+    FindFileContainingSymbol, and neither of protobuf's Python backends
+    resolves methods there: upb's ``upb_DefPool_FindFileContainingSymbol``
+    looks the name up in the symbol table (messages, enums, enum values,
+    extensions, services: no methods) and then only tries ``Message.member``
+    (fields, oneofs, nested types); the pure-Python pool's fallback likewise
+    only looks inside messages. So every method was NOT_FOUND ("Symbol not
+    found"). Here a symbol the pool does not find, whose parent is a service
+    with a method of that name, resolves to its service's file, as grpc-go
+    and grpc-java servers do. Everything else is the wrapped pool's. (A pool
+    handed to the servicer's public ``pool`` argument, rather than a subclass
+    overriding grpcio-reflection's private ``_file_containing_symbol``.)
+    """
+
+    def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, symbol: str) -> FileDescriptor:
+        try:
+            return self._pool.FindFileContainingSymbol(symbol)
+        except KeyError:
+            # Not a message, enum, enum value, extension, field or service: a
+            # method, or KeyError (NOT_FOUND) from FindMethodByName.
+            return self._pool.FindMethodByName(symbol).containing_service.file
+
+
 class ReflectionV1Servicer:
     """grpc.reflection.v1 over a v1alpha servicer: same protocol, other message classes."""
 
@@ -92,17 +130,14 @@ class ReflectionV1Servicer:
         async for response in self._v1alpha.ServerReflectionInfo(as_v1alpha(), context):
             yield self.response_class.FromString(response.SerializeToString())
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(
-            V1_SERVICE_NAME,
-            {
-                _METHOD: grpc.stream_stream_rpc_method_handler(
-                    self.ServerReflectionInfo,
-                    request_deserializer=self.request_class.FromString,
-                    response_serializer=self.response_class.SerializeToString,
-                )
-            },
-        )
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            _METHOD: grpc.stream_stream_rpc_method_handler(
+                self.ServerReflectionInfo,
+                request_deserializer=self.request_class.FromString,
+                response_serializer=self.response_class.SerializeToString,
+            )
+        }
 
 
 def enable_server_reflection(service_names: Sequence[str], server: Any) -> None:
@@ -112,15 +147,23 @@ def enable_server_reflection(service_names: Sequence[str], server: Any) -> None:
     services are added to them.
     """
     names = [*service_names, *(n for n in SERVICE_NAMES if n not in service_names)]
-    v1alpha = reflection.aio.ReflectionServicer(names)
+    pool = MethodSymbolPool(descriptor_pool.Default())
+    v1alpha = reflection.aio.ReflectionServicer(names, pool=pool)
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(v1alpha, server)
-    server.add_generic_rpc_handlers((ReflectionV1Servicer(v1alpha).handler(),))
+    # Both registrations, as generated code makes them: grpc.aio serves either,
+    # the native front door the registered ones (server/front.py).
+    handlers = ReflectionV1Servicer(v1alpha).method_handlers()
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(V1_SERVICE_NAME, handlers),)
+    )
+    server.add_registered_method_handlers(V1_SERVICE_NAME, handlers)
 
 
 __all__ = [
     "SERVICE_NAMES",
     "V1ALPHA_SERVICE_NAME",
     "V1_SERVICE_NAME",
+    "MethodSymbolPool",
     "enable_server_reflection",
     "v1_file_descriptor",
     "v1_message_class",
