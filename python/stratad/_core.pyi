@@ -221,24 +221,30 @@ class NativeFront:
 
     def __new__(
         cls,
-        listen: str,
-        backend: str,
-        unary_methods: Sequence[str],
-        stream_methods: Sequence[str],
+        listen: Sequence[str],
+        methods: Sequence[tuple[str, bool]],
         *,
         max_message_bytes: int,
         max_concurrent_calls: int,
-        front_key: str,
         worker_threads: int,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        tls_client_ca_file: str | None = None,
     ) -> NativeFront:
-        """Bind `listen` and serve; raises OSError if it cannot bind."""
+        """Bind every `listen` address (host:port) and serve `methods` ((path,
+        requests are a stream)), with TLS if given the PEM files (mTLS with a
+        client CA); raises OSError if it cannot bind or load them."""
     @property
-    def port(self) -> int: ...
+    def ports(self) -> list[int]:
+        """The port of each listener, in order (0 for a unix socket)."""
+    @property
+    def tls_reloads(self) -> int:
+        """How many times changed TLS files were loaded (0 without TLS)."""
     @property
     def wake_fd(self) -> int:
         """Readable when events are queued: read it empty, then take_events()."""
-    def take_events(self) -> list[tuple[int, FrontCall, bytes | None]]:
-        """Every queued event as (kind, call, message); [] if none."""
+    def take_events(self) -> list[tuple[int, FrontCall, bytes | None, bool]]:
+        """Every queued event as (kind, call, message, compressed); [] if none."""
     def shutdown(self, grace: float) -> None:
         """Stop accepting; wait up to `grace` s for calls in progress; close."""
 
@@ -276,13 +282,20 @@ class FrontCall:
     @property
     def peer(self) -> str: ...
     @property
-    def unary(self) -> bool: ...
+    def peer_certificate(self) -> bytes | None:
+        """The client certificate (DER) the TLS handshake verified; None without mTLS."""
+    @property
+    def request_streaming(self) -> bool: ...
     @property
     def metadata(self) -> tuple[tuple[str, str | bytes], ...]: ...
     def time_remaining(self) -> float | None:
         """Seconds left before the caller's deadline; None without one."""
-    def send(self, message: bytes) -> bool:
+    def send(self, message: bytes, compress: bool = True) -> bool:
         """Send one response message of a stream; False once the call is over."""
+    def send_headers(self, metadata: Sequence[tuple[str, str | bytes]]) -> bool:
+        """Send the initial metadata now; False once the call is over."""
+    def set_compression(self, on: bool) -> None:
+        """Compress the answers if the client accepts gzip or deflate."""
     def finish(
         self,
         response: bytes | None,

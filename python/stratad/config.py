@@ -120,7 +120,7 @@ class Config:
     def native_front(self) -> bool:
         """Whether the native front door serves the TCP listen address."""
         if self.front == "auto":
-            return not self.tls and not self.is_unix_socket
+            return not self.is_unix_socket
         return self.front == "native"
 
     @property
@@ -146,8 +146,6 @@ def _check_security(config: Config) -> None:
         raise ConfigError(
             f"auth = {config.auth!r} identifies clients by certificate: set tls_client_ca_file"
         )
-    if config.front == "native" and config.tls:
-        raise ConfigError("front = 'native' serves plaintext only: use front = 'python' with TLS")
     if config.front == "native" and config.is_unix_socket:
         raise ConfigError("front = 'native' serves a TCP listen address, not a unix socket")
     if config.encryption_old_key_files and config.encryption != "on":
@@ -439,9 +437,10 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "front",
         _choice(*FRONT_MODES),
-        "who serves gRPC on the TCP listen address: native (the Rust front door: "
-        "HTTP/2 and gRPC framing off the Python GIL, docs/design.md), python "
-        "(grpc.aio) or auto (native unless TLS is on, which grpc.aio serves)",
+        "who serves gRPC on the TCP listen address, plaintext or TLS: native (the "
+        "Rust front door: HTTP/2 and gRPC framing off the Python GIL, every call "
+        "served there, docs/design.md), python (grpc.aio) or auto (native; unix "
+        "sockets are served by grpc.aio)",
         "MODE",
     ),
     Option(

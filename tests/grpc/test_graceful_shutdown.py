@@ -41,6 +41,7 @@ def registration(instances: list[Slow]) -> ServiceRegistration:
         method = grpc.unary_unary_rpc_method_handler(servicer.wait_for_shutdown)
         handler = grpc.method_handlers_generic_handler(SERVICE, {"Wait": method})
         server.add_generic_rpc_handlers((handler,))
+        server.add_registered_method_handlers(SERVICE, {"Wait": method})
 
     return ServiceRegistration(name=SERVICE, add_fn=add, servicer_factory=factory)
 

@@ -32,10 +32,11 @@ def echo_registration() -> ServiceRegistration:
     """A bytes-in, bytes-out service, registered the way real services are."""
 
     def add(servicer: object, server: Any) -> None:
-        handler = grpc.method_handlers_generic_handler(
-            ECHO_SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(_echo)}
+        handlers = {"Echo": grpc.unary_unary_rpc_method_handler(_echo)}
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(ECHO_SERVICE, handlers),)
         )
-        server.add_generic_rpc_handlers((handler,))
+        server.add_registered_method_handlers(ECHO_SERVICE, handlers)
 
     def factory(resources: Resources) -> object:
         return object()

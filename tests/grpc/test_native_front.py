@@ -1,11 +1,12 @@
 """The native front door (server/front.py, rust/stratad-front) from a client's side.
 
-It serves the TCP port by default (``front = auto`` without TLS): unary and
-bidi calls of stratad's services natively, everything else forwarded to the
-grpc.aio server on a private unix socket. These tests check what a client
-would notice: the same answers, statuses and rich error details as grpc.aio,
-deadlines, cancellation, the concurrency limit, oversized and garbage input,
-compressed calls, and that the daemon keeps serving after each.
+It serves every listener by default (``front = auto`` without TLS): every
+call of every shape, stratad's services, health and reflection alike, with
+nothing forwarded. These tests check what a client would notice: the same
+answers, statuses and rich error details as grpc.aio, deadlines (also while
+a request is still arriving), cancellation, the concurrency limit, oversized
+and garbage input, compressed calls and unknown encodings, bad metadata, the
+unix socket, and that the daemon keeps serving after each.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import grpc
 import pytest
+import raw_h2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -86,7 +88,7 @@ def test_saves_and_loads_round_trip_natively(native: Any) -> None:
         assert _load(checkpoints, "s") == b'{"step": 1}'
 
 
-def test_health_and_reflection_are_forwarded_to_grpc_aio(native: Any) -> None:
+def test_health_and_reflection_are_served_natively(native: Any) -> None:
     with grpc.insecure_channel(native.target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         reply = health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE)
@@ -98,7 +100,7 @@ def test_health_and_reflection_are_forwarded_to_grpc_aio(native: Any) -> None:
         assert "stratad.api.v1.CheckpointService" in names
 
 
-def test_server_stream_watch_is_forwarded(native: Any) -> None:
+def test_server_stream_watch_is_served_natively(native: Any) -> None:
     channel, sessions, checkpoints = _stubs(native.target)
     with channel:
         sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="w"), timeout=DEADLINE)
@@ -367,26 +369,6 @@ def test_many_clients_at_once(native: Any) -> None:
     assert errors == []
 
 
-class _Context:
-    def __init__(self, peer: str, metadata: tuple[tuple[str, str], ...]) -> None:
-        self._peer, self._metadata = peer, metadata
-
-    def peer(self) -> str:
-        return self._peer
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-
-def test_forwarded_peer_is_believed_only_with_the_front_key() -> None:
-    forwarded = ((front.PEER_HEADER, "ipv4:10.0.0.7:4242"), (front.KEY_HEADER, front._front_key))
-    assert front.forwarded_peer(_Context("unix:", forwarded)) == "ipv4:10.0.0.7:4242"
-    forged = ((front.PEER_HEADER, "ipv4:10.0.0.7:4242"), (front.KEY_HEADER, "guess"))
-    assert front.forwarded_peer(_Context("unix:", forged)) == "unix:"
-    # A TCP caller's own address always wins over metadata.
-    assert front.forwarded_peer(_Context("ipv4:1.2.3.4:5", forwarded)) == "ipv4:1.2.3.4:5"
-
-
 def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -432,17 +414,122 @@ def test_a_request_whose_decoding_raises_is_raised_where_the_handler_reads_it() 
     go through it), only the stream whose request it was."""
     from types import SimpleNamespace
 
-    from stratad.server import front
-
     def broken(data: bytes) -> Any:
         raise ValueError(f"cannot decode {data!r}")
 
-    active = front._Active(SimpleNamespace(unary=False))
+    active = front._Active(SimpleNamespace(request_streaming=True), False)
     active.decode = broken
-    active.arrived(b"x")
+    active.arrived(b"x", False)
     active.decode = bytes.upper
-    active.arrived(b"y")
+    active.arrived(b"y", True)
     assert active.inbox is not None
-    first, second = active.inbox.get_nowait(), active.inbox.get_nowait()
+    (first, _), second = active.inbox.get_nowait(), active.inbox.get_nowait()
     assert isinstance(first, front._Undecoded) and "cannot decode b'x'" in str(first.error)
-    assert second == b"Y"
+    assert second == (b"Y", True)
+
+
+# --- the edge: what raw HTTP/2 clients send (tests/grpc/raw_h2.py) -------------------
+
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+SAVE_STATE = "/stratad.api.v1.CheckpointService/SaveState"
+SAVE_STATES = "/stratad.api.v1.CheckpointService/SaveStates"
+
+
+def _healthy(target: str) -> None:
+    with grpc.insecure_channel(target) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=DEADLINE
+        )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param(SAVE_STATE, None, id="unary-body-never-sent"),
+        pytest.param(SAVE_STATE, raw_h2.frame(b"x" * 100)[:40], id="unary-body-stops-half-way"),
+        pytest.param(SAVE_STATES, None, id="quiet-stream"),
+    ],
+)
+def test_a_call_whose_requests_do_not_come_ends_at_its_deadline(
+    native: Any, path: str, body: bytes | None
+) -> None:
+    timeout = [(b"grpc-timeout", b"300m")]
+    answer = raw_h2.call(native.target, path, headers=timeout, body=body, end=False, timeout=5)
+    assert answer.status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0], answer
+    assert answer.seconds < 2.0
+    _until(lambda: native.server.front._calls == {}, "the daemon to drop the call")
+    _healthy(native.target)
+
+
+def test_an_unknown_encoding_is_unimplemented_and_later_calls_are_unaffected(
+    native: Any,
+) -> None:
+    """Once, one such request made every later call carrying the header fail
+    INTERNAL, from any client (a forwarding connection's header table)."""
+    for _ in range(2):
+        answer = raw_h2.call(
+            native.target, HEALTH_CHECK, headers=[(b"grpc-encoding", b"br")], body=raw_h2.frame(b"")
+        )
+        assert answer.status == grpc.StatusCode.UNIMPLEMENTED.value[0], answer
+        assert "br" in answer.message
+        assert "gzip" in answer.headers["grpc-accept-encoding"]
+    gzip = raw_h2.call(
+        native.target, HEALTH_CHECK, headers=[(b"grpc-encoding", b"gzip")], body=raw_h2.frame(b"")
+    )
+    assert gzip.status == 0, gzip
+    _healthy(native.target)
+
+
+@pytest.mark.parametrize(
+    ("header", "value", "code"),
+    [
+        (b"x-stratad-tenant", "café".encode(), grpc.StatusCode.INVALID_ARGUMENT),
+        (b"x-request-id", b"\xff\xfe", grpc.StatusCode.INVALID_ARGUMENT),
+        (b"trace-bin", b"!!not base64!!", grpc.StatusCode.INVALID_ARGUMENT),
+        (b"grpc-timeout", b"abc", grpc.StatusCode.INTERNAL),  # as grpc-go answers
+        (b"grpc-timeout", b"123456789S", grpc.StatusCode.OK),  # 9 digits: far away
+    ],
+)
+def test_malformed_metadata_gets_a_clear_status(
+    native: Any, header: bytes, value: bytes, code: grpc.StatusCode
+) -> None:
+    answer = raw_h2.call(
+        native.target, HEALTH_CHECK, headers=[(header, value)], body=raw_h2.frame(b"")
+    )
+    assert answer.status == code.value[0], answer
+    if code != grpc.StatusCode.OK:
+        assert header.decode() in answer.message
+    _healthy(native.target)
+
+
+def test_answers_list_the_accepted_encodings_and_unknown_methods_are_unimplemented(
+    native: Any,
+) -> None:
+    ok = raw_h2.call(native.target, HEALTH_CHECK, body=raw_h2.frame(b""))
+    assert ok.status == 0 and ok.headers["grpc-accept-encoding"] == "identity,deflate,gzip"
+    for path in ("/no.Such/Method", "/stratad.api.v1.CheckpointService/NoSuchMethod"):
+        missing = raw_h2.call(native.target, path, body=raw_h2.frame(b""))
+        assert missing.status == grpc.StatusCode.UNIMPLEMENTED.value[0], missing
+
+
+def test_the_unix_socket_beside_the_front_door_serves_every_call(
+    inprocess_server: Callable[..., Any], tmp_path: Any
+) -> None:
+    """grpc.aio serves it (h2 refuses the `:authority` grpc-core clients send
+    on unix sockets: rust/stratad-front/src/server.rs), with the same handlers."""
+    path = tmp_path / "stratad.sock"
+    server = inprocess_server(SERVICES, listen_unix=f"unix:{path}")
+    assert server.server.front is not None
+    assert server.server.addresses[1] == f"unix:{path}"
+    channel, sessions, checkpoints = _stubs(f"unix:{path}")
+    with channel:
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="u"), timeout=DEADLINE)
+        _save(checkpoints, "u", b'{"over": "unix"}')
+        assert _load(checkpoints, "u") == b'{"over": "unix"}'
+    _healthy(f"unix:{path}")
+    with grpc.insecure_channel(native_target := server.target) as tcp:
+        assert native_target != f"unix:{path}"
+        request = checkpoint_pb2.LoadStateRequest(session_id="u")
+        loaded = checkpoint_pb2_grpc.CheckpointServiceStub(tcp).LoadState(request, timeout=DEADLINE)
+        assert loaded.data == b'{"over": "unix"}'

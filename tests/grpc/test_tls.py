@@ -155,7 +155,7 @@ def test_certificate_reload_reaches_new_connections(
     fails_unavailable(tls_channel(server.target, pki))  # new connections: the new cert
     assert check(old_channel) == SERVING  # an open connection keeps its own
     old_channel.close()
-    assert server.server.tls.reloads == 1
+    assert server.server.tls_reloads == 1
 
 
 def test_a_half_rotated_pair_keeps_the_old_certificate(

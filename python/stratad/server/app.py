@@ -31,7 +31,7 @@ from stratad.errors import UnavailableError
 from stratad.inspector import Inspector, start_inspector
 from stratad.server import reflection
 from stratad.server.auth import auth_interceptor
-from stratad.server.front import FrontBackend, FrontDoor, MethodRecorder, start_front
+from stratad.server.front import FrontDoor, MethodRecorder, start_front
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
 from stratad.server.limits import LimitsInterceptor
 from stratad.server.metrics import Metrics
@@ -49,6 +49,20 @@ REFLECTION_V1_SERVICE_NAME: str = reflection.V1_SERVICE_NAME
 WRITES_HEALTH_NAME = "stratad.writes"
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class HealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc.health.v1.Health with List, which grpcio's asyncio servicer leaves
+    unimplemented: the status of every service, in one answer."""
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: Any
+    ) -> health_pb2.HealthListResponse:
+        statuses = {
+            name: health_pb2.HealthCheckResponse(status=status)
+            for name, status in self._server_status.items()
+        }
+        return health_pb2.HealthListResponse(statuses=statuses)
 
 
 class ServerStartError(UnavailableError):
@@ -73,8 +87,9 @@ class StratadServer:
         lifecycle: Lifecycle | None = None,
         front: FrontDoor | None = None,
     ) -> None:
+        #: The grpc.aio server (None: the native front door serves every listener).
         self._server = server
-        #: The native front door serving `address` (None: grpc.aio serves it).
+        #: The native front door serving every listener (None: grpc.aio serves them).
         self.front = front
         #: The health servicer, for code that must change a service's status.
         self.health = health
@@ -96,6 +111,13 @@ class StratadServer:
         self._on_stop: list[Callable[[], None]] = []
 
     @property
+    def tls_reloads(self) -> int:
+        """How many times changed TLS files reached new connections."""
+        if self.front is not None:
+            return self.front.tls_reloads
+        return self.tls.reloads if self.tls is not None else 0
+
+    @property
     def metrics_address(self) -> str:
         """HOST:PORT of the /metrics endpoint, "" when it is off."""
         return self.metrics.address if self.metrics is not None else ""
@@ -114,9 +136,10 @@ class StratadServer:
         if self.lifecycle is not None:  # no expiry or GC starts while we drain
             await asyncio.to_thread(self.lifecycle.stop)
         try:
-            if self.front is not None:  # forwards to the grpc.aio server: stops first
+            if self.front is not None:
                 await self.front.stop(grace)
-            await self._server.stop(grace)
+            if self._server is not None:
+                await self._server.stop(grace)
         finally:
             if self.metrics is not None:
                 self.metrics.stop()
@@ -129,9 +152,6 @@ class StratadServer:
     def on_stop(self, release: Callable[[], None]) -> None:
         """Call ``release`` once the server has stopped (after the metrics endpoint)."""
         self._on_stop.append(release)
-
-    async def wait_for_termination(self) -> None:
-        await self._server.wait_for_termination()
 
 
 async def start_server(
@@ -196,27 +216,29 @@ async def _start(
         ErrorInterceptor(),
         auth_interceptor(config.auth, config.auth_tokens_file),
     ]
-    server = grpc.aio.server(
-        interceptors=interceptors,
-        options=server_options(config),
-        maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
-    )
-    recorder = MethodRecorder(server)  # the handlers, for the native front door too
+    listen = [config.listen, *([config.listen_unix] if config.listen_unix else [])]
+    # The native front door serves TCP (plaintext or TLS); grpc.aio serves unix
+    # sockets (and TCP with front = python), or nothing, and then there is no
+    # grpc.aio server: the recorder only notes the handlers (server/front.py).
+    native = [a for a in listen if config.native_front and not a.startswith("unix:")]
+    served_by_aio = [a for a in listen if a not in native]
+    server = _grpc_aio_server(config, interceptors) if served_by_aio else None
+    recorder = MethodRecorder(server)
     app_names = [_add_service(registration, resources, recorder) for registration in services]
-    health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, recorder)
     all_names = [*app_names, HEALTH_SERVICE_NAME]
     if config.reflection:
         all_names.extend(reflection.SERVICE_NAMES)
-        reflection.enable_server_reflection(all_names, server)
+        reflection.enable_server_reflection(all_names, recorder)
+    if native and (generic_only := recorder.generic_only()):
+        raise ServerStartError(
+            f"{', '.join(generic_only)}: added with add_generic_rpc_handlers only; the native "
+            "front door serves services added with add_registered_method_handlers too, "
+            "as generated add_*_to_server functions do"
+        )
     tls = certificate_files(config)
-    # With the native front door, grpc.aio serves a private unix socket and
-    # the front door the listen address (server/front.py).
-    backend = FrontBackend() if config.native_front else None
-    address = _bind(server, backend.address if backend else config.listen, tls)
-    addresses = [address]
-    if config.listen_unix:
-        addresses.append(_bind(server, config.listen_unix, None))
+    bound = {address: _bind(server, address, tls) for address in served_by_aio}
     _warn_if_exposed(config)
     if metrics is not None:
         metrics.start(config.metrics_listen)
@@ -227,19 +249,20 @@ async def _start(
     try:
         if config.inspector_listen:
             inspector = await start_inspector(resources)
-        await server.start()
-        if backend is not None:
-            front = _start_front(config, backend, recorder, interceptors)
-            addresses[0] = f"{config.listen.rpartition(':')[0]}:{front.port}"
+        if server is not None:
+            await server.start()
+        if native:
+            front = _start_front(config, native, recorder, interceptors, tls)
+            bound.update(zip(native, map(_served_address, native, front.ports), strict=True))
     except BaseException:
         if metrics is not None:
             metrics.stop()
         if inspector is not None:
             await inspector.stop()
-        await server.stop(None)
-        if backend is not None:
-            backend.remove()
+        if server is not None:
+            await server.stop(None)
         raise
+    addresses = [bound[address] for address in listen]
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
     # Domains that hold a lock across fsyncs wait for the loop first (see loop_barrier).
@@ -261,8 +284,6 @@ async def _start(
         inspector=inspector,
         lifecycle=lifecycle,
     )
-    if backend is not None:
-        stratad_server.on_stop(backend.remove)
     for domain in barrier_users:
         stratad_server.on_stop(functools.partial(setattr, domain, "loop_barrier", lambda: None))
     return stratad_server
@@ -293,20 +314,37 @@ def loop_barrier(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
     return wait
 
 
+def _grpc_aio_server(config: Config, interceptors: list[Any]) -> Any:
+    return grpc.aio.server(
+        interceptors=interceptors,
+        options=server_options(config),
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
+    )
+
+
 def _start_front(
-    config: Config, backend: FrontBackend, recorder: MethodRecorder, interceptors: list[Any]
+    config: Config,
+    listen: list[str],
+    recorder: MethodRecorder,
+    interceptors: list[Any],
+    tls: CertificateFiles | None,
 ) -> FrontDoor:
     try:
         return start_front(
-            config.listen,
-            backend.path,
+            listen,
             recorder.handlers,
             interceptors,
             max_message_bytes=config.max_message_bytes + MESSAGE_HEADROOM_BYTES,
             max_concurrent_calls=config.max_concurrent_rpcs,
+            tls=tls,
         )
     except OSError as exc:
         raise ServerStartError(str(exc)) from None
+
+
+def _served_address(listen: str, port: int) -> str:
+    """The address clients dial: ``listen`` with the port actually bound."""
+    return f"{listen.rpartition(':')[0]}:{port}"
 
 
 def _start_lifecycle(resources: Resources, metrics: Metrics | None) -> Lifecycle | None:

@@ -45,7 +45,7 @@ from grpc_health.v1 import health_pb2
 from stratad.config import AuthMode, ConfigError
 from stratad.domain.ids import validate_id
 from stratad.errors import PermissionDeniedError, StratadError, UnauthenticatedError
-from stratad.server.front import forwarded_peer
+from stratad.server.front import peer_of
 from stratad.server.interceptors import HandlerCache, settle_tenant
 
 _log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ def _audit(
 
 
 def _peer(context: Any) -> str:
-    return forwarded_peer(context)  # the caller's, also behind the native front door
+    return peer_of(context)
 
 
 def _code_of(context: Any, exc: BaseException | None) -> str:

@@ -1,22 +1,24 @@
-"""The native front door: HTTP/2 and gRPC framing in Rust for the hot calls.
+"""The native front door: HTTP/2 and gRPC framing in Rust for every call.
 
 Python's grpc.aio spends about as much CPU on each call's HTTP/2 and gRPC
 framing as stratad spends on the save itself, under the same GIL
-(docs/benchmarks.md). With ``front = native`` the daemon's TCP port is served
-by `stratad.native.NativeFront` (rust/stratad-front) instead:
+(docs/benchmarks.md). With ``front = native`` (the default without TLS) the
+daemon's listeners, TCP and unix socket, are served by
+`stratad.native.NativeFront` (rust/stratad-front) and there is no grpc.aio
+server at all:
 
-- every unary and bidi-streaming method of stratad's own services is served
-  natively: the Rust server reads the request messages and queues them, and
-  the first event after a quiet spell writes a byte to a socket the event
-  loop watches; the loop then takes every queued event at once and runs the
-  *same* handler grpc.aio would run, through the same interceptors (auth,
-  limits, metrics, request log, error mapping), with a `FrontContext` in
-  place of grpc.aio's ServicerContext; the encoded answer and status go back
-  to Rust;
-- every other call (health, reflection, server streams, compressed calls) is
-  forwarded unchanged to the daemon's grpc.aio server, which listens on a
-  private unix socket only; the real caller's address travels with it in
-  metadata that only the front door can set (`forwarded_peer`).
+- every method of every shape (unary, client, server and bidi streaming;
+  stratad's services, health, reflection) is served natively: the Rust
+  server reads the request messages (decompressing gzip and deflate) and
+  queues them, and the first event after a quiet spell writes a byte to a
+  socket the event loop watches; the loop then takes every queued event at
+  once and runs the *same* handler grpc.aio would run, through the same
+  interceptors (auth, limits, metrics, request log, error mapping), with a
+  `FrontContext` in place of grpc.aio's ServicerContext; the encoded answers
+  and status go back to Rust;
+- no call is forwarded anywhere, so no client's call shares a connection
+  with another client's (a client that stops reading holds up only its own
+  calls), and the Rust side ends every call at its deadline.
 """
 
 from __future__ import annotations
@@ -27,17 +29,17 @@ import functools
 import inspect
 import logging
 import os
-import secrets
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import grpc.aio
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from stratad.native import NativeFront
+from stratad.server.tls import CertificateFiles
 
 _log = logging.getLogger(__name__)
 
@@ -49,79 +51,96 @@ STARTED, MESSAGE, REQUESTS_ENDED, CANCELLED = 0, 1, 2, 3
 #: 2, a SaveStates stream of 8 KB saves was fed one message per round trip to
 #: the HTTP/2 thread; with 16 its batches fill up (bench/checkpoints.py (b)).
 STREAM_PREFETCH = 16
-#: Metadata set by the front door on forwarded calls (rust/stratad-front/src/proxy.rs).
-PEER_HEADER = "x-stratad-front-peer"
-KEY_HEADER = "x-stratad-front-key"
-#: The key the running front door puts in KEY_HEADER (one per process start).
-_front_key = secrets.token_hex(16)
 
 
-def forwarded_peer(context: Any) -> str:
-    """The caller's address: for a call the front door forwarded, the address
-    it came from (not the private socket's); else ``context.peer()``."""
+def peer_of(context: Any) -> str:
+    """The caller's address as grpc writes it (``ipv4:127.0.0.1:5000``,
+    ``unix:/path``); "" for a context without one (tests, a call gone)."""
     try:
-        peer = str(context.peer())
-    except Exception:  # a context without a peer (tests, a call gone)
+        return str(context.peer())
+    except Exception:
         return ""
-    if not peer.startswith("unix:"):
-        return peer
-    metadata = dict(context.invocation_metadata() or ())
-    if metadata.get(KEY_HEADER) == _front_key and PEER_HEADER in metadata:
-        return str(metadata[PEER_HEADER])
-    return peer
 
 
-class FrontBackend:
-    """The private unix socket the grpc.aio server listens on behind the front
-    door, in a fresh directory only this user may enter."""
-
-    def __init__(self) -> None:
-        self._directory = tempfile.mkdtemp(prefix="stratad-front-")  # mode 0700
-        self.path = f"{self._directory}/grpc.sock"
-        self.address = f"unix:{self.path}"
-
-    def remove(self) -> None:
-        shutil.rmtree(self._directory, ignore_errors=True)
+def certificate_auth_context(der: bytes) -> dict[str, list[bytes]]:
+    """grpc.aio's auth_context keys for a verified client certificate (DER):
+    its subject alternative names (DNS, URI, email, IP) and common name."""
+    certificate = x509.load_der_x509_certificate(der)
+    sans: list[bytes] = []
+    with contextlib.suppress(x509.ExtensionNotFound):
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        for kind in (x509.DNSName, x509.UniformResourceIdentifier, x509.RFC822Name):
+            sans += [str(n).encode() for n in names.get_values_for_type(kind)]
+        sans += [str(ip).encode() for ip in names.get_values_for_type(x509.IPAddress)]
+    common = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return {
+        "transport_security_type": [b"ssl"],
+        "x509_subject_alternative_name": sans,
+        "x509_common_name": [str(a.value).encode() for a in common],
+    }
 
 
 class MethodRecorder:
-    """Passed to the generated ``add_*_to_server`` functions in place of the
-    grpc.aio server: hands everything on to it and notes every registered
-    method's handler, so that the front door and grpc.aio serve a method with
-    the very same handler object (the interceptors cache their wrappers by it)."""
+    """Passed to the generated ``add_*_to_server`` functions in place of a
+    grpc.aio server: notes every registered method's handler for the front
+    door, and hands everything on to ``server`` if there is one (grpc.aio,
+    with ``front = python``), so that both serve a method with the very same
+    handler object (the interceptors cache their wrappers by it).
 
-    def __init__(self, server: Any) -> None:
+    Generated code registers each service twice, as a generic handler and as
+    registered method handlers; the front door serves the latter, so a
+    service must be added with ``add_registered_method_handlers``."""
+
+    def __init__(self, server: Any = None) -> None:
         self._server = server
         self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._generic: set[str] = set()
 
     def add_generic_rpc_handlers(self, handlers: Iterable[Any]) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
+        for handler in handlers:
+            service_name = getattr(handler, "service_name", None)
+            if callable(service_name):
+                self._generic.add(str(service_name()))
+        if self._server is not None:
+            self._server.add_generic_rpc_handlers(handlers)
+
+    def generic_only(self) -> list[str]:
+        """Services added as generic handlers alone: the front door cannot serve them."""
+        registered = {method.split("/")[1] for method in self.handlers}
+        return sorted(self._generic - registered)
 
     def add_registered_method_handlers(
         self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
-        self._server.add_registered_method_handlers(service, handlers)
+        if self._server is not None:
+            self._server.add_registered_method_handlers(service, handlers)
         for name, handler in handlers.items():
             self.handlers[f"/{service}/{name}"] = handler
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._server, name)
 
+def native_methods(handlers: dict[str, grpc.RpcMethodHandler]) -> list[tuple[str, bool]]:
+    """The methods served, each with whether its requests are a stream.
 
-def native_methods(
-    handlers: dict[str, grpc.RpcMethodHandler],
-) -> tuple[list[str], list[str]]:
-    """(unary, bidi stream) methods the front door serves itself: those whose
-    handler is a coroutine / async generator function, as stratad's are."""
-    unary, streams = [], []
+    Those whose handler is a coroutine or async generator function, as every
+    stratad handler is: the front door runs handlers on the event loop only.
+    A plain function is a servicer's "not implemented" default (grpc.aio
+    health's List, from the generated base class): left out, so it is
+    UNIMPLEMENTED, as its body would say."""
+    methods = []
     for method, handler in handlers.items():
-        if handler.unary_unary is not None and inspect.iscoroutinefunction(handler.unary_unary):
-            unary.append(method)
-        elif handler.stream_stream is not None and inspect.isasyncgenfunction(
-            handler.stream_stream
-        ):
-            streams.append(method)
-    return unary, streams
+        behavior = _behavior(handler)
+        if inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior):
+            methods.append((method, bool(handler.request_streaming)))
+        else:
+            _log.debug("%s has no async handler: not served", method)
+    return methods
+
+
+def _behavior(handler: grpc.RpcMethodHandler) -> Any:
+    """The function that serves ``handler``'s calls, whatever their shape."""
+    if handler.request_streaming:
+        return handler.stream_stream if handler.response_streaming else handler.stream_unary
+    return handler.unary_stream if handler.response_streaming else handler.unary_unary
 
 
 @dataclass(frozen=True)
@@ -134,14 +153,19 @@ class FrontContext:
     """What a handler and the interceptors use of grpc.aio's ServicerContext,
     for a call of the native front door."""
 
-    def __init__(self, call: Any) -> None:
-        self._call = call
+    def __init__(self, active: _Active) -> None:
+        self._active = active
+        self._call = active.call
         self._metadata: tuple[tuple[str, Any], ...] | None = None
         self._code: grpc.StatusCode | None = None
         self._details = ""
         self._trailers: tuple[tuple[str, Any], ...] = ()
         self._done = False
         self._cancelled = False
+        self._compress_next = True
+        self._auth: dict[str, list[bytes]] | None = None
+        #: The response serializer, once the handler is known.
+        self.serialize: Callable[[Any], bytes] | None = None
         #: Answered OK by `answer_early` before the handler returned.
         self.answered = False
 
@@ -153,14 +177,25 @@ class FrontContext:
     def peer(self) -> str:
         return str(self._call.peer)
 
-    def peer_identities(self) -> None:
-        return None  # plaintext only: no certificates
+    def peer_identities(self) -> list[bytes] | None:
+        """The verified client certificate's names (SANs, else its CN), as grpc.aio gives them."""
+        auth = self.auth_context()
+        names = auth.get("x509_subject_alternative_name") or auth.get("x509_common_name")
+        return list(names) if names else None
 
-    def peer_identity_key(self) -> None:
-        return None
+    def peer_identity_key(self) -> str | None:
+        if not self.auth_context():
+            return None
+        sans = self.auth_context().get("x509_subject_alternative_name")
+        return "x509_subject_alternative_name" if sans else "x509_common_name"
 
-    def auth_context(self) -> dict[str, Any]:
-        return {}
+    def auth_context(self) -> dict[str, list[bytes]]:
+        """What grpc.aio's auth_context holds of a TLS client: with mTLS, the
+        names of the certificate the handshake verified; {} without one."""
+        if self._auth is None:
+            certificate = self._call.peer_certificate
+            self._auth = {} if certificate is None else certificate_auth_context(certificate)
+        return self._auth
 
     def time_remaining(self) -> float | None:
         remaining = self._call.time_remaining()
@@ -183,6 +218,32 @@ class FrontContext:
 
     def trailing_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self._trailers
+
+    async def send_initial_metadata(self, initial_metadata: Sequence[tuple[str, Any]]) -> None:
+        self._call.send_headers(list(initial_metadata))
+
+    def set_compression(self, compression: grpc.Compression) -> None:
+        """Compress the answers (gzip or deflate, whichever the client accepts)."""
+        self._call.set_compression(compression != grpc.Compression.NoCompression)
+
+    def disable_next_message_compression(self) -> None:
+        self._compress_next = False
+
+    def request_compressed(self) -> bool:
+        """Whether the request message last read arrived compressed (not in grpc.aio)."""
+        return self._active.last_compressed
+
+    async def write(self, message: Any) -> None:
+        """Send one response message (a handler that writes instead of yielding)."""
+        serialize = self.serialize
+        data = serialize(message) if serialize is not None else message
+        compress, self._compress_next = self._compress_next, True
+        if not self._call.send(data, compress):
+            raise asyncio.CancelledError  # the call is over: stop the handler
+
+    async def read(self) -> Any:
+        """The next request message of a stream, or grpc.aio.EOF after the last."""
+        return await self._active.next_request()
 
     async def abort(
         self,
@@ -223,31 +284,55 @@ class FrontContext:
 
 
 class _Active:
-    """A call being served: its task, and for a stream the requests arrived."""
+    """A call being served: its task, and for a request stream the requests
+    arrived (decoded on arrival by `decode`, the handler's request
+    deserializer, once it is known)."""
 
-    __slots__ = ("call", "context", "decode", "inbox", "task")
+    __slots__ = ("call", "context", "decode", "inbox", "last_compressed", "pulled", "task")
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, compressed: bool) -> None:
         self.call = call
         self.task: asyncio.Task[None] | None = None
         self.context: FrontContext | None = None
-        # Only streams get requests after the start: decoded on arrival (by
-        # `decode`, the handler's request deserializer, once it is known).
-        self.inbox: asyncio.Queue[Any] | None = None if call.unary else asyncio.Queue()
+        self.inbox: asyncio.Queue[Any] | None = asyncio.Queue() if call.request_streaming else None
         self.decode: Callable[[bytes], Any] | None = None
+        self.last_compressed = compressed
+        self.pulled = False
 
-    def arrived(self, message: bytes) -> None:
+    def arrived(self, message: bytes, compressed: bool) -> None:
         """A request message of this stream: decode it now and queue it."""
-        assert self.inbox is not None, "only a stream gets messages"
+        assert self.inbox is not None, "only a request stream gets messages"
         try:
             item = self.decode(message) if self.decode is not None else message
         except Exception as exc:  # raised to the handler where it reads this item
             item = _Undecoded(exc)
-        self.inbox.put_nowait(item)
+        self.inbox.put_nowait((item, compressed))
+
+    async def next_request(self) -> Any:
+        """The next request of the stream (grpc.aio.EOF after the last); the
+        first call asks for STREAM_PREFETCH of them, each later one for one more."""
+        assert self.inbox is not None, "only a request stream has requests to read"
+        if not self.pulled:
+            self.pulled = True
+            for _ in range(STREAM_PREFETCH):
+                self.call.pull()
+        entry = await self.inbox.get()
+        if entry is None:
+            self.inbox.put_nowait(None)  # every later read is EOF too
+            return grpc.aio.EOF
+        self.call.pull()
+        item, self.last_compressed = entry
+        if isinstance(item, _Undecoded):
+            raise item.error
+        return item
+
+    async def requests(self) -> AsyncIterator[Any]:
+        while (item := await self.next_request()) is not grpc.aio.EOF:
+            yield item
 
 
 class _Undecoded:
-    """A request whose deserializer raised: `_requests` raises it in its place."""
+    """A request whose deserializer raised: `next_request` raises it in its place."""
 
     __slots__ = ("error",)
 
@@ -256,7 +341,7 @@ class _Undecoded:
 
 
 class FrontDoor:
-    """Serves the native methods of a `NativeFront` on the event loop."""
+    """Serves the calls of a `NativeFront` on the event loop."""
 
     def __init__(
         self,
@@ -278,8 +363,14 @@ class FrontDoor:
         loop.add_reader(self._wake_fd, self._on_wake)
 
     @property
-    def port(self) -> int:
-        return int(self._native.port)
+    def ports(self) -> list[int]:
+        """The port of each listener, in the order given (0 for a unix socket)."""
+        return list(self._native.ports)
+
+    @property
+    def tls_reloads(self) -> int:
+        """How many times changed TLS files were loaded (0 without TLS)."""
+        return int(self._native.tls_reloads)
 
     async def stop(self, grace: float | None) -> None:
         """Stop accepting; give calls in progress up to ``grace`` seconds; close."""
@@ -297,10 +388,9 @@ class FrontDoor:
         that arrived meanwhile)."""
         with contextlib.suppress(BlockingIOError):
             os.read(self._wake_fd, 4096)  # first, so a later byte means a later event
-        events = self._native.take_events()
-        for kind, call, message in events:
+        for kind, call, message, compressed in self._native.take_events():
             if kind == STARTED:
-                active = _Active(call)
+                active = _Active(call, compressed)
                 self._calls[call.id] = active
                 active.task = self._loop.create_task(self._serve(active, message))
                 continue
@@ -308,7 +398,7 @@ class FrontDoor:
             if found is None:
                 continue
             if kind == MESSAGE and found.inbox is not None:
-                found.arrived(message)
+                found.arrived(message, compressed)
             elif kind == REQUESTS_ENDED and found.inbox is not None:
                 found.inbox.put_nowait(None)
             elif kind == CANCELLED and found.task is not None:
@@ -318,15 +408,13 @@ class FrontDoor:
 
     async def _serve(self, active: _Active, message: bytes | None) -> None:
         call = active.call
-        context = active.context = FrontContext(call)
+        context = active.context = FrontContext(active)
         try:
             handler = await self._handler(call.method, context)
             if handler is None:
                 call.finish(None, grpc.StatusCode.UNIMPLEMENTED.value[0], "Method not found!")
-            elif call.unary:
-                await self._serve_unary(handler, message, context)
             else:
-                await self._serve_stream(handler, active, context)
+                await self._run(handler, active, message, context)
         except grpc.aio.AbortError:
             context.finish(None)
         except asyncio.CancelledError:
@@ -356,76 +444,68 @@ class FrontDoor:
         continuation = functools.partial(self._intercept, index + 1)
         return await self._interceptors[index].intercept_service(continuation, details)
 
-    async def _serve_unary(
-        self, handler: Any, message: bytes | None, context: FrontContext
+    async def _run(
+        self, handler: Any, active: _Active, message: bytes | None, context: FrontContext
     ) -> None:
-        deserialize = handler.request_deserializer
-        request = deserialize(message) if deserialize is not None else message
-        response = await handler.unary_unary(request, context)
-        if context.answered:
-            context.finish(None)
-            return
-        serialize = handler.response_serializer
-        context.finish(serialize(response) if serialize is not None else response)
-
-    async def _serve_stream(self, handler: Any, active: _Active, context: FrontContext) -> None:
-        serialize = handler.response_serializer
-        call = active.call
-        async for response in handler.stream_stream(self._requests(handler, active), context):
-            call.send(serialize(response) if serialize is not None else response)
-        context.finish(None)
-
-    async def _requests(self, handler: Any, active: _Active) -> AsyncIterator[Any]:
-        active.decode = handler.request_deserializer
-        inbox = active.inbox
-        assert inbox is not None, "a stream's _Active has an inbox"
-        for _ in range(STREAM_PREFETCH):
-            active.call.pull()
-        while True:
-            item = await inbox.get()
-            if item is None:
+        """Run ``handler`` as grpc.aio would for its shape, and answer."""
+        serialize = context.serialize = handler.response_serializer
+        if handler.request_streaming:
+            active.decode = handler.request_deserializer
+            request: Any = active.requests()
+        else:
+            deserialize = handler.request_deserializer
+            request = deserialize(message) if deserialize is not None else message
+        behavior = _behavior(handler)
+        if not handler.response_streaming:
+            response = await behavior(request, context)
+            if context.answered:
+                context.finish(None)
                 return
-            active.call.pull()
-            if isinstance(item, _Undecoded):
-                raise item.error
-            yield item
+            context.finish(serialize(response) if serialize is not None else response)
+            return
+        if inspect.isasyncgenfunction(behavior):
+            async for response in behavior(request, context):
+                await context.write(response)
+        else:  # a coroutine that answers with context.write (health's Watch)
+            await behavior(request, context)
+        context.finish(None)
 
 
 def start_front(
-    listen: str,
-    backend_socket: str,
+    listen: Sequence[str],
     handlers: dict[str, grpc.RpcMethodHandler],
     interceptors: Sequence[Any],
     *,
     max_message_bytes: int,
     max_concurrent_calls: int,
+    tls: CertificateFiles | None = None,
     worker_threads: int = 1,
 ) -> FrontDoor:
-    """Bind ``listen`` with the native front door (raises OSError if it cannot).
+    """Bind every ``listen`` address (``host:port``) with the native front
+    door, with TLS from ``tls``'s files (which it reads again when they
+    change); raises OSError if it cannot.
 
     One HTTP/2 thread by default: its work per call is a fraction of the
     Python handler's, and measured on 2 cores (bench/front.py's load) one
     thread served as many calls as two with ~10% less CPU per call."""
-    unary, streams = native_methods(handlers)
     native = NativeFront(
-        listen,
-        backend_socket,
-        unary,
-        streams,
+        list(listen),
+        native_methods(handlers),
         max_message_bytes=max_message_bytes,
         max_concurrent_calls=max_concurrent_calls,
-        front_key=_front_key,
         worker_threads=worker_threads,
+        tls_cert_file=tls.cert_file if tls is not None else None,
+        tls_key_file=tls.key_file if tls is not None else None,
+        tls_client_ca_file=(tls.client_ca_file or None) if tls is not None else None,
     )
     return FrontDoor(native, handlers, interceptors, asyncio.get_running_loop())
 
 
 __all__ = [
-    "FrontBackend",
     "FrontContext",
     "FrontDoor",
     "MethodRecorder",
-    "forwarded_peer",
     "native_methods",
+    "peer_of",
     "start_front",
 ]

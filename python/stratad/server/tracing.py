@@ -29,7 +29,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from stratad.server.front import forwarded_peer
+from stratad.server.front import peer_of
 from stratad.server.interceptors import _final_code as final_code
 
 Behavior = Callable[[Any, Any], Any]
@@ -91,9 +91,8 @@ class _Call:
         }
         if "user-agent" in carrier:
             attributes["user_agent.original"] = carrier["user-agent"]
-        # ipv4:127.0.0.1:5000, ipv6:[::1]:5000, unix:... (behind the native front door:
-        # the caller's address, not the private socket's)
-        peer = forwarded_peer(context)
+        # ipv4:127.0.0.1:5000, ipv6:[::1]:5000, unix:...
+        peer = peer_of(context)
         kind, _, address = peer.partition(":")
         if kind in ("ipv4", "ipv6"):
             host, _, port = address.rpartition(":")

@@ -20,10 +20,14 @@ pub enum MetadataValue {
     Binary(Vec<u8>),
 }
 
-/// What the daemon sends back for a call.
+/// What the daemon sends back for a call, in order: initial metadata (at
+/// most once, before any message), messages, then the status.
 #[derive(Debug)]
 pub(crate) enum Out {
-    Message(Bytes),
+    Headers(Vec<(String, MetadataValue)>),
+    /// A response message; `compress`: compress it if the call's answers
+    /// are compressed (the handler may exempt single messages).
+    Message(Bytes, bool),
     Finish(Status),
 }
 
@@ -45,6 +49,15 @@ impl Status {
     }
 }
 
+/// Who is calling, the same for every call of one connection.
+#[derive(Debug)]
+pub struct Peer {
+    /// `ipv4:127.0.0.1:5000` or `ipv6:[::1]:5000`, as grpc writes peers.
+    pub address: String,
+    /// The client certificate (DER) a TLS handshake verified (mTLS).
+    pub certificate: Option<Bytes>,
+}
+
 /// One call handed to the daemon: its facts, and the way to answer it.
 #[derive(Debug)]
 pub struct CallHandle {
@@ -52,14 +65,17 @@ pub struct CallHandle {
     /// `/package.Service/Method`.
     pub method: String,
     pub metadata: Vec<(String, MetadataValue)>,
-    /// `ipv4:127.0.0.1:5000` or `ipv6:[::1]:5000`, as grpc writes peers.
-    pub peer: String,
+    pub peer: Arc<Peer>,
     pub deadline: Option<Instant>,
-    /// False for a bidi stream: its requests arrive as [`EventKind::Message`].
-    pub unary: bool,
+    /// True for client and bidi streams: their requests arrive as
+    /// [`EventKind::Message`] after `pull`s; else the one request comes with
+    /// [`EventKind::Started`].
+    pub request_streaming: bool,
     out: mpsc::UnboundedSender<Out>,
     pull: Option<mpsc::UnboundedSender<()>>,
     finished: AtomicBool,
+    /// The handler asked for compressed answers (`set_compression`).
+    compress: AtomicBool,
 }
 
 impl CallHandle {
@@ -67,7 +83,7 @@ impl CallHandle {
         id: u64,
         method: String,
         metadata: Vec<(String, MetadataValue)>,
-        peer: String,
+        peer: Arc<Peer>,
         deadline: Option<Instant>,
         out: mpsc::UnboundedSender<Out>,
         pull: Option<mpsc::UnboundedSender<()>>,
@@ -78,11 +94,28 @@ impl CallHandle {
             metadata,
             peer,
             deadline,
-            unary: pull.is_none(),
+            request_streaming: pull.is_some(),
             out,
             pull,
             finished: AtomicBool::new(false),
+            compress: AtomicBool::new(false),
         }
+    }
+
+    /// Compress the answers (with the best encoding the client accepts; none:
+    /// they go uncompressed). Counts only before the first answer is sent.
+    pub fn set_compression(&self, on: bool) {
+        self.compress.store(on, Ordering::Release);
+    }
+
+    pub(crate) fn compression_requested(&self) -> bool {
+        self.compress.load(Ordering::Acquire)
+    }
+
+    /// Send the initial metadata now (else it goes with the first message,
+    /// empty). False once the call is over.
+    pub fn send_headers(&self, metadata: Vec<(String, MetadataValue)>) -> bool {
+        !self.is_finished() && self.out.send(Out::Headers(metadata)).is_ok()
     }
 
     /// Time left before the caller's deadline (None: no deadline).
@@ -91,10 +124,11 @@ impl CallHandle {
             .map(|d| d.saturating_duration_since(Instant::now()))
     }
 
-    /// Queue one response message (a stream's; a unary call answers with `finish`).
+    /// Queue one response message (a stream's; a unary call answers with
+    /// `finish`); `compress`: false exempts it from the call's compression.
     /// False once the call is over (finished, cancelled, or the client left).
-    pub fn send(&self, message: Bytes) -> bool {
-        !self.is_finished() && self.out.send(Out::Message(message)).is_ok()
+    pub fn send(&self, message: Bytes, compress: bool) -> bool {
+        !self.is_finished() && self.out.send(Out::Message(message, compress)).is_ok()
     }
 
     /// End the call: an optional last message, then the status. Only the
@@ -110,7 +144,7 @@ impl CallHandle {
             return false;
         }
         if let Some(message) = message {
-            if self.out.send(Out::Message(message)).is_err() {
+            if self.out.send(Out::Message(message, true)).is_err() {
                 return false;
             }
         }
@@ -167,6 +201,8 @@ pub struct Event {
     pub kind: EventKind,
     pub call: Arc<CallHandle>,
     pub message: Option<Bytes>,
+    /// The message arrived compressed (decompressed by now).
+    pub compressed: bool,
 }
 
 /// Events from the server's threads to the daemon, taken in batches.

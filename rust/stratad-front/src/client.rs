@@ -196,7 +196,7 @@ impl UnaryClient {
             builder = builder.header(key.as_str(), grpc::metadata_header(key, value)?);
         }
         builder
-            .body(Full::new(grpc::frame(message)))
+            .body(Full::new(grpc::frame(message, grpc::Encoding::Identity)))
             .map_err(|e| format!("bad request metadata: {e}"))
     }
 
@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn one_message_and_ok_trailers_make_a_reply() {
-        let body = grpc::frame(b"hello");
+        let body = grpc::frame(b"hello", grpc::Encoding::Identity);
         let reply = finish(body, &trailers(&[("grpc-status", "0"), ("x-a", "b")]), 100);
         assert_eq!(reply.code, 0);
         assert_eq!(reply.message.as_deref(), Some(&b"hello"[..]));
@@ -479,15 +479,20 @@ mod tests {
     #[test]
     fn broken_answers_become_statuses_not_data() {
         let ok = trailers(&[("grpc-status", "0")]);
-        let cut = grpc::frame(b"hello").slice(..7);
+        let cut = grpc::frame(b"hello", grpc::Encoding::Identity).slice(..7);
         assert_eq!(finish(cut, &ok, 100).code, Code::Internal as u32);
-        let mut two = grpc::frame(b"a").to_vec();
-        two.extend_from_slice(&grpc::frame(b"b"));
+        let mut two = grpc::frame(b"a", grpc::Encoding::Identity).to_vec();
+        two.extend_from_slice(&grpc::frame(b"b", grpc::Encoding::Identity));
         assert_eq!(finish(two.into(), &ok, 100).code, Code::Internal as u32);
-        let big = finish(grpc::frame(&[0; 200]), &ok, 100);
+        let big = finish(grpc::frame(&[0; 200], grpc::Encoding::Identity), &ok, 100);
         assert_eq!(big.code, Code::ResourceExhausted as u32);
         assert_eq!(
-            finish(grpc::frame(b"x"), &HeaderMap::new(), 100).code,
+            finish(
+                grpc::frame(b"x", grpc::Encoding::Identity),
+                &HeaderMap::new(),
+                100
+            )
+            .code,
             Code::Internal as u32
         );
         let garbage = finish(Bytes::new(), &trailers(&[("grpc-status", "zero")]), 100);

@@ -2,13 +2,14 @@
 //!
 //! Python's grpc.aio spends about as much CPU per call on HTTP/2 and gRPC
 //! framing as stratad spends saving the state (docs/benchmarks.md). This
-//! crate takes that part over for the hot RPCs: it serves HTTP/2 on the
-//! daemon's public port with hyper, turns each call of a method listed in
-//! [`FrontConfig::native_methods`] into [`Event`]s on one [`EventQueue`] that
-//! the daemon drains in batches (raw request messages in, raw response
-//! messages and a status out), and forwards every other request (health
-//! checks, reflection, server streams, compressed calls) unchanged to the
-//! daemon's grpc.aio server on a private unix socket ([`proxy`]).
+//! crate takes that part over for every call: it serves HTTP/2 (plaintext,
+//! TLS or mTLS with rustls) on the daemon's TCP listeners with hyper and
+//! turns each call
+//! of a method listed in [`FrontConfig::methods`] into [`Event`]s on one
+//! [`EventQueue`] that the daemon drains in batches (raw request messages
+//! in, raw response messages and a status out). Every method of every shape
+//! (unary, client, server and bidi streaming) is served that way: nothing is
+//! forwarded, so no call shares a connection with another client's.
 //!
 //! [`UnaryClient`] is the other direction: the Python SDK's blocking client
 //! sends its unary calls through it (see `client.rs`).
@@ -20,10 +21,12 @@
 mod call;
 mod client;
 mod grpc;
-mod proxy;
+mod rpc;
 mod server;
+mod tls;
 
-pub use call::{CallHandle, Event, EventKind, EventQueue, MetadataValue};
+pub use call::{CallHandle, Event, EventKind, EventQueue, MetadataValue, Peer};
 pub use client::{Target, UnaryClient, UnaryReply};
 pub use grpc::Code;
 pub use server::{Front, FrontConfig};
+pub use tls::TlsFiles;

@@ -7,61 +7,84 @@ use std::time::Duration;
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
-use stratad_front::{CallHandle, EventQueue, Front, FrontConfig, MetadataValue};
+use stratad_front::{CallHandle, EventQueue, Front, FrontConfig, MetadataValue, TlsFiles};
 
 /// The HTTP/2 server of the native front door, running on its own threads.
 #[pyclass(frozen, module = "stratad._core")]
 pub struct NativeFront {
     front: Mutex<Option<Front>>,
     queue: Arc<EventQueue>,
-    port: u16,
+    ports: Vec<u16>,
 }
 
 #[pymethods]
 impl NativeFront {
     #[new]
-    #[pyo3(signature = (listen, backend, unary_methods, stream_methods, *, max_message_bytes, max_concurrent_calls, front_key, worker_threads))]
+    #[pyo3(signature = (listen, methods, *, max_message_bytes, max_concurrent_calls, worker_threads, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        listen: String,
-        backend: std::path::PathBuf,
-        unary_methods: Vec<String>,
-        stream_methods: Vec<String>,
+        listen: Vec<String>,
+        methods: Vec<(String, bool)>,
         max_message_bytes: usize,
         max_concurrent_calls: usize,
-        front_key: String,
         worker_threads: usize,
+        tls_cert_file: Option<std::path::PathBuf>,
+        tls_key_file: Option<std::path::PathBuf>,
+        tls_client_ca_file: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
+        let tls = match (tls_cert_file, tls_key_file) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: tls_client_ca_file,
+            }),
+            (None, None) if tls_client_ca_file.is_none() => None,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "tls_cert_file and tls_key_file go together (and a client CA needs both)",
+                ))
+            }
+        };
         let config = FrontConfig {
+            tls,
             listen: listen.clone(),
-            backend,
-            unary_methods,
-            stream_methods,
+            methods,
             max_message_bytes,
             max_concurrent_calls,
-            front_key,
             worker_threads,
         };
-        let front = py
-            .detach(|| Front::start(config))
-            .map_err(|e| PyOSError::new_err(format!("cannot listen on {listen}: {e}")))?;
+        let front = py.detach(|| Front::start(config)).map_err(|e| {
+            PyOSError::new_err(format!("cannot listen on {}: {e}", listen.join(", ")))
+        })?;
         let queue = front.queue().clone();
-        let port = front.local_addr().port();
+        let ports = front.ports().to_vec();
         Ok(NativeFront {
             front: Mutex::new(Some(front)),
             queue,
-            port,
+            ports,
         })
     }
 
-    /// The port it listens on (the one chosen, when asked for port 0).
+    /// The port of each listener, in the order given (0 for a unix socket;
+    /// the one chosen, when asked for port 0).
     #[getter]
-    fn port(&self) -> u16 {
-        self.port
+    fn ports(&self) -> Vec<u16> {
+        self.ports.clone()
     }
 
-    /// Every event queued, as `(kind, call, message)` tuples (`[]` if none).
+    /// How many times changed TLS files were loaded (0 without TLS).
+    #[getter]
+    fn tls_reloads(&self) -> u64 {
+        self.front
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, Front::tls_reloads)
+    }
+
+    /// Every event queued, as `(kind, call, message, compressed)` tuples (`[]`
+    /// if none); `compressed`: the message arrived compressed.
     /// Call it when `wake_fd` is readable, after reading what it holds.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         let events = self.queue.take();
@@ -75,7 +98,10 @@ impl NativeFront {
                     Some(m) => m,
                     None => py.None().into_bound(py),
                 };
-                PyTuple::new(py, [kind, call, message])
+                let compressed = pyo3::types::PyBool::new(py, event.compressed)
+                    .to_owned()
+                    .into_any();
+                PyTuple::new(py, [kind, call, message, compressed])
             })
             .collect()
     }
@@ -128,12 +154,23 @@ impl FrontCall {
 
     #[getter]
     fn peer(&self) -> &str {
-        &self.handle.peer
+        &self.handle.peer.address
     }
 
+    /// The client certificate (DER) the TLS handshake verified; None without mTLS.
     #[getter]
-    fn unary(&self) -> bool {
-        self.handle.unary
+    fn peer_certificate<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.handle
+            .peer
+            .certificate
+            .as_ref()
+            .map(|der| PyBytes::new(py, der))
+    }
+
+    /// True for client and bidi streams (requests come one per `pull`).
+    #[getter]
+    fn request_streaming(&self) -> bool {
+        self.handle.request_streaming
     }
 
     /// `((key, value), ...)`: str values, bytes for `-bin` keys.
@@ -154,9 +191,28 @@ impl FrontCall {
         self.handle.time_remaining().map(|d| d.as_secs_f64())
     }
 
-    /// Send one response message of a stream. False once the call is over.
-    fn send(&self, message: &[u8]) -> bool {
-        self.handle.send(bytes::Bytes::copy_from_slice(message))
+    /// Send one response message of a stream; `compress=False` exempts it
+    /// from the call's compression. False once the call is over.
+    #[pyo3(signature = (message, compress=true))]
+    fn send(&self, message: &[u8], compress: bool) -> bool {
+        self.handle
+            .send(bytes::Bytes::copy_from_slice(message), compress)
+    }
+
+    /// Send the initial metadata now (else it goes, empty, with the first
+    /// answer). False once the call is over.
+    fn send_headers(&self, metadata: Vec<(String, Bound<'_, PyAny>)>) -> PyResult<bool> {
+        let metadata = metadata
+            .into_iter()
+            .map(metadata_value)
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(self.handle.send_headers(metadata))
+    }
+
+    /// Compress the answers if the client accepts gzip or deflate (only
+    /// before the first answer is sent).
+    fn set_compression(&self, on: bool) {
+        self.handle.set_compression(on);
     }
 
     /// End the call with `code` and `message`, after `response` if given.

@@ -1,0 +1,392 @@
+//! One call: check its headers, hand it to the daemon through the event
+//! queue, stream the daemon's answer back, and end it at its deadline.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Sleep;
+
+use crate::call::{CallHandle, Event, EventKind, EventQueue, MetadataValue, Out, Peer, Status};
+use crate::grpc::{self, Code, Encoding, MessageReader};
+use crate::server::{BoxError, Shared};
+
+type ResponseBody = BoxBody<Bytes, BoxError>;
+
+/// Serve one HTTP/2 request: a gRPC call of a known method, or a status
+/// saying why not.
+pub(crate) async fn handle(
+    request: Request<Incoming>,
+    shared: Arc<Shared>,
+    peer: Arc<Peer>,
+) -> Response<ResponseBody> {
+    if request.method() != http::Method::POST {
+        return http_error(StatusCode::METHOD_NOT_ALLOWED);
+    }
+    // The gRPC spec: a request that is not gRPC gets HTTP 415.
+    if !grpc::is_grpc(request.headers()) {
+        return http_error(StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+    match serve(request, &shared, peer).await {
+        Ok(response) => response,
+        Err(status) => trailers_only(&status),
+    }
+}
+
+async fn serve(
+    request: Request<Incoming>,
+    shared: &Arc<Shared>,
+    peer: Arc<Peer>,
+) -> Result<Response<ResponseBody>, Status> {
+    let (parts, body) = request.into_parts();
+    let method = parts.uri.path().to_owned();
+    let Some(&streaming) = shared.methods.get(&method) else {
+        return Err(Status::new(
+            Code::Unimplemented,
+            format!("Method not found: {method}"),
+        ));
+    };
+    let encoding = grpc::request_encoding(&parts.headers)?;
+    let answer_encoding = grpc::response_encoding(&parts.headers);
+    let metadata = grpc::metadata_of(&parts.headers)?;
+    let deadline = grpc::deadline_of(&parts.headers, Instant::now())?;
+    let mut reader = MessageReader::new(body, shared.max_message_bytes, encoding);
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let (started, slot, stop_reading) = if streaming {
+        let slot = Slot::take(shared)?;
+        let (pull_tx, pull_rx) = mpsc::unbounded_channel();
+        let call = Arc::new(CallHandle::new(
+            id,
+            method,
+            metadata,
+            peer,
+            deadline,
+            out_tx,
+            Some(pull_tx),
+        ));
+        let (stop_tx, stop_rx) = oneshot::channel();
+        tokio::spawn(read_requests(
+            reader,
+            pull_rx,
+            stop_rx,
+            Arc::downgrade(&call),
+            shared.queue.clone(),
+        ));
+        (event(EventKind::Started, &call, None), slot, Some(stop_tx))
+    } else {
+        // The request first: a call whose request is still on its way holds
+        // no slot, and ends at its deadline like any other.
+        let message = within(deadline, reader.next())
+            .await??
+            .ok_or_else(|| Status::new(Code::Internal, "missing request message"))?;
+        let slot = Slot::take(shared)?;
+        let call = Arc::new(CallHandle::new(
+            id, method, metadata, peer, deadline, out_tx, None,
+        ));
+        let mut started = event(EventKind::Started, &call, Some(message.bytes));
+        started.compressed = message.compressed;
+        (started, slot, None)
+    };
+    let call = started.call.clone();
+    shared.queue.push(started);
+    let guard = CancelOnDrop {
+        call,
+        queue: shared.queue.clone(),
+    };
+    let ending = Ending {
+        guard,
+        _slot: slot,
+        _stop_reading: stop_reading,
+    };
+    Ok(answer(out_rx, ending, deadline, answer_encoding).await)
+}
+
+fn event(kind: EventKind, call: &Arc<CallHandle>, message: Option<Bytes>) -> Event {
+    Event {
+        kind,
+        call: call.clone(),
+        message,
+        compressed: false,
+    }
+}
+
+/// `work`, or DEADLINE_EXCEEDED once `deadline` passes.
+async fn within<T>(deadline: Option<Instant>, work: impl Future<Output = T>) -> Result<T, Status> {
+    match deadline {
+        None => Ok(work.await),
+        Some(deadline) => tokio::time::timeout_at(deadline.into(), work)
+            .await
+            .map_err(|_| deadline_exceeded()),
+    }
+}
+
+fn deadline_exceeded() -> Status {
+    Status::new(Code::DeadlineExceeded, "Deadline Exceeded")
+}
+
+/// A call's place in `max_concurrent_calls`, given back on drop.
+struct Slot(Arc<Shared>);
+
+impl Slot {
+    fn take(shared: &Arc<Shared>) -> Result<Slot, Status> {
+        let before = shared.in_progress.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot(shared.clone());
+        if shared.max_concurrent_calls == 0 || before < shared.max_concurrent_calls {
+            Ok(slot)
+        } else {
+            Err(Status::new(
+                Code::ResourceExhausted,
+                "Concurrent RPC limit exceeded!",
+            ))
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_progress.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Tells the daemon a call ended without its answer (client gone, deadline).
+struct CancelOnDrop {
+    call: Arc<CallHandle>,
+    queue: Arc<EventQueue>,
+}
+
+impl CancelOnDrop {
+    /// End the call here (its deadline passed): the daemon stops working on it.
+    fn cancel(&self) {
+        if self.call.close() {
+            self.queue
+                .push(event(EventKind::Cancelled, &self.call, None));
+        }
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// What a call holds until its answer is over, released in this order: the
+/// daemon is told if it did not answer, the slot is given back, and a
+/// stream's request reader stops.
+struct Ending {
+    guard: CancelOnDrop,
+    _slot: Slot,
+    _stop_reading: Option<oneshot::Sender<()>>,
+}
+
+/// Feed a stream's requests to the daemon, one per `pull`, until the
+/// requests end or the call's answer is over (`stop`: its sender is dropped
+/// with the answer, even if the client never finishes sending).
+async fn read_requests(
+    mut reader: MessageReader<Incoming>,
+    mut pulls: mpsc::UnboundedReceiver<()>,
+    mut stop: oneshot::Receiver<()>,
+    call: std::sync::Weak<CallHandle>,
+    queue: Arc<EventQueue>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            pulled = pulls.recv() => if pulled.is_none() { return },
+        }
+        let next = tokio::select! {
+            _ = &mut stop => return,
+            next = reader.next() => next,
+        };
+        let Some(call) = call.upgrade() else { return };
+        match next {
+            Ok(Some(message)) => {
+                let mut arrived = event(EventKind::Message, &call, Some(message.bytes));
+                arrived.compressed = message.compressed;
+                queue.push(arrived);
+            }
+            Ok(None) => {
+                queue.push(event(EventKind::RequestsEnded, &call, None));
+                return;
+            }
+            Err(status) => {
+                call.fail(status);
+                queue.push(event(EventKind::Cancelled, &call, None));
+                return;
+            }
+        }
+    }
+}
+
+/// Wait for the daemon's first output, then answer: Trailers-Only for a
+/// status alone, else headers, messages as they come, trailers.
+async fn answer(
+    mut out: mpsc::UnboundedReceiver<Out>,
+    ending: Ending,
+    deadline: Option<Instant>,
+    accepted: Option<Encoding>,
+) -> Response<ResponseBody> {
+    let first = match within(deadline, out.recv()).await {
+        Ok(first) => first,
+        Err(status) => {
+            ending.guard.cancel();
+            return trailers_only(&status);
+        }
+    };
+    let call = &ending.guard.call;
+    // Answers are compressed only if the handler asked before its first one.
+    let encoding = accepted
+        .filter(|_| call.compression_requested())
+        .unwrap_or(Encoding::Identity);
+    let (metadata, first) = match first {
+        None => return trailers_only(&dropped()),
+        Some(Out::Finish(status)) => return trailers_only(&status),
+        Some(Out::Headers(metadata)) => (metadata, None),
+        Some(Out::Message(message, compress)) => (
+            Vec::new(),
+            Some(message_frame(&message, compress, encoding)),
+        ),
+    };
+    let body = AnswerBody {
+        first,
+        out,
+        ending,
+        done: false,
+        deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
+        encoding,
+    };
+    let mut response = Response::new(body.boxed());
+    grpc_headers(response.headers_mut(), encoding);
+    append_metadata(response.headers_mut(), &metadata);
+    response
+}
+
+fn message_frame(message: &[u8], compress: bool, encoding: Encoding) -> Bytes {
+    grpc::frame(
+        message,
+        if compress {
+            encoding
+        } else {
+            Encoding::Identity
+        },
+    )
+}
+
+fn dropped() -> Status {
+    Status::new(Code::Internal, "the daemon dropped the call")
+}
+
+struct AnswerBody {
+    first: Option<Bytes>,
+    out: mpsc::UnboundedReceiver<Out>,
+    ending: Ending,
+    done: bool,
+    deadline: Option<Pin<Box<Sleep>>>,
+    encoding: Encoding,
+}
+
+impl AnswerBody {
+    fn end(&mut self, status: &Status) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.done = true;
+        let mut trailers = HeaderMap::new();
+        grpc::status_headers(status, &mut trailers);
+        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+    }
+}
+
+impl http_body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        loop {
+            match self.out.poll_recv(cx) {
+                Poll::Ready(Some(Out::Message(message, compress))) => {
+                    let frame = message_frame(&message, compress, self.encoding);
+                    return Poll::Ready(Some(Ok(Frame::data(frame))));
+                }
+                // Initial metadata after the first answer has no place left.
+                Poll::Ready(Some(Out::Headers(_))) => continue,
+                Poll::Ready(Some(Out::Finish(status))) => return self.end(&status),
+                Poll::Ready(None) => return self.end(&dropped()),
+                Poll::Pending => break,
+            }
+        }
+        // Nothing from the daemon yet: the deadline may end the call first.
+        let expired = self
+            .deadline
+            .as_mut()
+            .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready());
+        if expired {
+            self.ending.guard.cancel();
+            return self.end(&deadline_exceeded());
+        }
+        Poll::Pending
+    }
+}
+
+fn grpc_headers(headers: &mut HeaderMap, encoding: Encoding) {
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(
+        "grpc-accept-encoding",
+        HeaderValue::from_static(grpc::ACCEPT_ENCODING),
+    );
+    if encoding != Encoding::Identity {
+        headers.insert("grpc-encoding", HeaderValue::from_static(encoding.name()));
+    }
+}
+
+/// The handler's initial metadata; a key or value HTTP/2 cannot carry is left out.
+fn append_metadata(headers: &mut HeaderMap, metadata: &[(String, MetadataValue)]) {
+    for (key, value) in metadata {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            grpc::metadata_header(key, value),
+        ) else {
+            continue;
+        };
+        headers.append(name, value);
+    }
+}
+
+fn trailers_only(status: &Status) -> Response<ResponseBody> {
+    let mut response = Response::new(empty());
+    grpc_headers(response.headers_mut(), Encoding::Identity);
+    grpc::status_headers(status, response.headers_mut());
+    response
+}
+
+fn http_error(code: StatusCode) -> Response<ResponseBody> {
+    let mut response = Response::new(empty());
+    *response.status_mut() = code;
+    response
+}
+
+fn empty() -> ResponseBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
