@@ -63,6 +63,10 @@ class Config:
     max_message_bytes: int = 64 * MIB
     max_concurrent_rpcs: int = 256
     max_inflight_bytes: int = 256 * MIB
+    max_connections: int = 1000
+    max_streams_per_connection: int = 1024
+    connection_idle_timeout: float = 300.0
+    max_header_bytes: int = 16 * 1024
     max_tenant_stored_bytes: int = 0
     max_tenant_sessions: int = 0
     max_session_checkpoints: int = 0
@@ -474,6 +478,31 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "calls served at once (watch streams included) before new ones get "
         "RESOURCE_EXHAUSTED; 0 = no limit",
         "N",
+    ),
+    Option(
+        "max_connections",
+        _number(int, 0, 1_000_000),
+        "client connections open at once on the TCP listener; more are closed at once; "
+        "never more than half the open-file limit leaves after 256 (0 = that bound)",
+        "N",
+    ),
+    Option(
+        "max_streams_per_connection",
+        _number(int, 1, 2**31 - 1),
+        "concurrent calls one connection may open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)",
+        "N",
+    ),
+    Option(
+        "connection_idle_timeout",
+        _number(float, 0.001),
+        "seconds a connection may stay without a call before it is closed (GOAWAY)",
+        "SECONDS",
+    ),
+    Option(
+        "max_header_bytes",
+        _number(int, 1024, 256 * 1024),
+        "largest metadata (header list) of a call, in bytes; RESOURCE_EXHAUSTED above",
+        "BYTES",
     ),
     Option(
         "max_inflight_bytes",

@@ -3,10 +3,16 @@
 Why not a framework: the inspector needs GET (and HEAD) on a handful of
 routes, served from the daemon's own event loop. The standard library's
 `asyncio.start_server` does that in a page of code, with limits a public
-listener needs (request head size, read timeout, connections), and adds no
-dependency to a daemon that must stay small. One request per connection
-(``Connection: close``): pages make a few requests each, so keep-alive would
-buy nothing worth its state.
+listener needs, and adds no dependency to a daemon that must stay small.
+
+Idle and slow clients cannot starve it: every connection gets its own task
+(none waits for another's slot), must send its whole request head within
+`HEAD_TIMEOUT` or is closed, and at most `MAX_CONNECTIONS` are open at once;
+one beyond that is answered 503 and closed at once, so descriptors and tasks
+stay bounded. One request per connection (``Connection: close``): pages make a
+few requests each, so keep-alive would buy nothing worth its state, and no
+connection idles after its answer. A client that stalls or goes away is a
+DEBUG line, never an ERROR: it is the client's doing, not the daemon's.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,12 +34,24 @@ _log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 16 << 10
 MAX_HEADERS = 64
 MAX_QUERY_FIELDS = 16
-#: Seconds a client gets to send its request head (slow clients cannot pin connections).
-READ_TIMEOUT = 10.0
-#: Seconds a client gets to take a response.
+#: Seconds from accepting a connection to the end of its request head. A browser
+#: sends its GET as soon as it connects (well under a second, even through
+#: ``kubectl port-forward`` or an SSH tunnel); a socket that sends nothing, or
+#: dribbles its head (slowloris), gives its slot back after this.
+HEAD_TIMEOUT = 5.0
+#: Seconds a client gets to take its whole answer (the largest, a state decoded
+#: up to 8 MiB, is about 1 MiB of JSON per MiB of state): generous for a slow
+#: tunnel, and a client that stops reading is closed rather than held.
 WRITE_TIMEOUT = 30.0
-#: Connections served at once; more wait in the kernel's backlog.
-MAX_CONNECTIONS = 64
+#: Connections open at once. A browser opens at most 6 to a host, so this leaves
+#: room for hundreds of stray or idle sockets (each gone after HEAD_TIMEOUT)
+#: without locking a person out, while bounding the descriptors and tasks they
+#: cost (each at most one descriptor and a MAX_HEAD_BYTES buffer: 512 x 16 KiB
+#: = 8 MiB). One beyond it is answered 503 and closed without being read.
+MAX_CONNECTIONS = 512
+#: Seconds between two WARNINGs that connections are being refused (a flood
+#: would otherwise write one line per refused connection).
+REFUSED_WARNING_INTERVAL = 60.0
 
 
 class HttpStartError(UnavailableError):
@@ -83,7 +102,9 @@ class HttpServer:
         self._default_headers = dict(default_headers or {})
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        #: Connections refused at the cap since the last WARNING, and when it was.
+        self._refused = 0
+        self._refused_warned_at = -REFUSED_WARNING_INTERVAL
         #: HOST:PORT actually listened on (the real port when 0 was asked for).
         self.address = ""
 
@@ -113,36 +134,92 @@ class HttpServer:
         self._server = None
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._connection(reader, writer)
+        except asyncio.CancelledError:
+            # The daemon is stopping. The connection's own task ends here, quietly:
+            # asyncio before 3.12 logs a start_server task that ends cancelled as
+            # an ERROR ("Exception in callback").
+            writer.transport.abort()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._connections) >= MAX_CONNECTIONS:
+            self._refuse(writer)
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        # drain() then waits until the answer has all gone to the kernel, so a
+        # client that stops reading is caught by WRITE_TIMEOUT, and close() below
+        # never waits on a buffer such a client would never empty.
+        writer.transport.set_write_buffer_limits(high=0)
+        peer = _peer(writer)
+        finished = False
         try:
-            async with self._slots:
-                await self._serve_one(reader, writer)
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-            pass  # the client went away or stalled: nothing to answer
+            finished = await self._serve_one(reader, writer, peer)
+        except TimeoutError:
+            _log.debug("inspector: %s closed: answer not taken within %gs", peer, WRITE_TIMEOUT)
+        except ConnectionError as exc:
+            _log.debug("inspector: %s went away before its answer (%s)", peer, exc)
         finally:
             self._connections.discard(task)
-            writer.close()
+            if finished:
+                writer.close()
+            else:
+                writer.transport.abort()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        """Answer 503 and close, without reading the request: the cap is reached."""
+        response = Response(
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            b"the inspector has too many connections open; try again shortly\n",
+            headers={"Retry-After": str(int(HEAD_TIMEOUT))},
+        )
+        writer.write(self._encode(response, head_only=False))
+        writer.close()  # a few hundred bytes: the kernel takes them at once
+        self._refused += 1
+        _log.debug("inspector: refused %s: %d connections open", _peer(writer), MAX_CONNECTIONS)
+        now = time.monotonic()
+        if now - self._refused_warned_at >= REFUSED_WARNING_INTERVAL:
+            _log.warning(
+                "inspector: %d connections open, its limit: refusing new ones with 503 "
+                "(%d since the last such warning; idle ones are closed after %gs)",
+                MAX_CONNECTIONS,
+                self._refused,
+                HEAD_TIMEOUT,
+            )
+            self._refused, self._refused_warned_at = 0, now
+
+    async def _serve_one(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> bool:
+        """Read one request and answer it; False when the client stalled or left first."""
         method = "GET"
         try:
-            head = await asyncio.wait_for(_read_head(reader), READ_TIMEOUT)
-            request = parse_request(head, peer=_peer(writer))
-            method = request.method
-            response = await self._handler(request)
+            head = await asyncio.wait_for(_read_head(reader), HEAD_TIMEOUT)
+        except TimeoutError:
+            _log.debug("inspector: %s closed: no request head within %gs", peer, HEAD_TIMEOUT)
+            return False
+        except (ConnectionError, asyncio.IncompleteReadError):
+            _log.debug("inspector: %s went away before sending a request", peer)
+            return False
         except BadRequest as exc:
-            response = Response(exc.status, exc.message.encode() + b"\n")
-            if exc.status == HTTPStatus.METHOD_NOT_ALLOWED:
-                response.headers["Allow"] = "GET, HEAD"
-        except Exception:
-            _log.exception("inspector: request failed")
-            response = Response(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n")
+            response = _bad_request(exc)
+        else:
+            try:
+                request = parse_request(head, peer=peer)
+                method = request.method
+                response = await self._handler(request)
+            except BadRequest as exc:
+                response = _bad_request(exc)
+            except Exception:
+                _log.exception("inspector: request failed")
+                response = Response(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n")
         writer.write(self._encode(response, head_only=method == "HEAD"))
         await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+        return True
 
     def _encode(self, response: Response, *, head_only: bool) -> bytes:
         reason = HTTPStatus(response.status).phrase
@@ -157,6 +234,13 @@ class HttpServer:
         lines += [f"{name}: {value}" for name, value in headers.items()]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         return head if head_only else head + response.body
+
+
+def _bad_request(exc: BadRequest) -> Response:
+    response = Response(exc.status, exc.message.encode() + b"\n")
+    if exc.status == HTTPStatus.METHOD_NOT_ALLOWED:
+        response.headers["Allow"] = "GET, HEAD"
+    return response
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes:

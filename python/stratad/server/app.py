@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -31,7 +32,7 @@ from stratad.errors import UnavailableError
 from stratad.inspector import Inspector, start_inspector
 from stratad.server import reflection
 from stratad.server.auth import auth_interceptor
-from stratad.server.front import FrontDoor, MethodRecorder, start_front
+from stratad.server.front import EdgeLimits, FrontDoor, MethodRecorder, start_front
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
 from stratad.server.limits import LimitsInterceptor
 from stratad.server.metrics import Metrics
@@ -336,10 +337,31 @@ def _start_front(
             interceptors,
             max_message_bytes=config.max_message_bytes + MESSAGE_HEADROOM_BYTES,
             max_concurrent_calls=config.max_concurrent_rpcs,
+            limits=edge_limits(config),
             tls=tls,
         )
     except OSError as exc:
         raise ServerStartError(str(exc)) from None
+
+
+#: Descriptors kept for the store (journals, objects, packs) and the rest of
+#: the daemon, whatever the connections take.
+RESERVED_DESCRIPTORS = 256
+
+
+def edge_limits(config: Config) -> EdgeLimits:
+    """The front door's limits: the config's, with connections also held to
+    half of what RLIMIT_NOFILE leaves after RESERVED_DESCRIPTORS, so that
+    connections alone can never exhaust descriptors the store needs."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    by_descriptors = max(16, (soft - RESERVED_DESCRIPTORS) // 2)
+    configured = config.max_connections or by_descriptors
+    return EdgeLimits(
+        max_connections=min(configured, by_descriptors),
+        max_streams_per_connection=config.max_streams_per_connection,
+        idle_timeout=config.connection_idle_timeout,
+        max_header_bytes=config.max_header_bytes,
+    )
 
 
 def _served_address(listen: str, port: int) -> str:

@@ -471,6 +471,16 @@ class FrontDoor:
         context.finish(None)
 
 
+@dataclass(frozen=True)
+class EdgeLimits:
+    """What one client may hold of the front door (docs/security.md)."""
+
+    max_connections: int
+    max_streams_per_connection: int
+    idle_timeout: float
+    max_header_bytes: int
+
+
 def start_front(
     listen: Sequence[str],
     handlers: dict[str, grpc.RpcMethodHandler],
@@ -478,6 +488,7 @@ def start_front(
     *,
     max_message_bytes: int,
     max_concurrent_calls: int,
+    limits: EdgeLimits,
     tls: CertificateFiles | None = None,
     worker_threads: int = 1,
 ) -> FrontDoor:
@@ -494,6 +505,10 @@ def start_front(
         max_message_bytes=max_message_bytes,
         max_concurrent_calls=max_concurrent_calls,
         worker_threads=worker_threads,
+        max_connections=limits.max_connections,
+        max_streams_per_connection=limits.max_streams_per_connection,
+        idle_timeout=limits.idle_timeout,
+        max_header_bytes=limits.max_header_bytes,
         tls_cert_file=tls.cert_file if tls is not None else None,
         tls_key_file=tls.key_file if tls is not None else None,
         tls_client_ca_file=(tls.client_ca_file or None) if tls is not None else None,
@@ -503,6 +518,7 @@ def start_front(
 
 __all__ = [
     "FrontContext",
+    "EdgeLimits",
     "FrontDoor",
     "MethodRecorder",
     "native_methods",

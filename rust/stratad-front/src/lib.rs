@@ -20,6 +20,7 @@
 
 mod call;
 mod client;
+mod connection;
 mod grpc;
 mod rpc;
 mod server;
@@ -28,5 +29,5 @@ mod tls;
 pub use call::{CallHandle, Event, EventKind, EventQueue, MetadataValue, Peer};
 pub use client::{Target, UnaryClient, UnaryReply};
 pub use grpc::Code;
-pub use server::{Front, FrontConfig};
+pub use server::{EdgeLimits, Front, FrontConfig};
 pub use tls::TlsFiles;

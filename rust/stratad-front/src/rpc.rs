@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Sleep;
 
 use crate::call::{CallHandle, Event, EventKind, EventQueue, MetadataValue, Out, Peer, Status};
+use crate::connection::Busy;
 use crate::grpc::{self, Code, Encoding, MessageReader};
 use crate::server::{BoxError, Shared};
 
@@ -29,6 +30,7 @@ pub(crate) async fn handle(
     request: Request<Incoming>,
     shared: Arc<Shared>,
     peer: Arc<Peer>,
+    busy: Busy,
 ) -> Response<ResponseBody> {
     if request.method() != http::Method::POST {
         return http_error(StatusCode::METHOD_NOT_ALLOWED);
@@ -37,16 +39,36 @@ pub(crate) async fn handle(
     if !grpc::is_grpc(request.headers()) {
         return http_error(StatusCode::UNSUPPORTED_MEDIA_TYPE);
     }
-    match serve(request, &shared, peer).await {
+    if let Err(status) = check_header_size(request.headers(), shared.limits.max_header_bytes) {
+        return trailers_only(&status);
+    }
+    match serve(request, &shared, peer, busy).await {
         Ok(response) => response,
         Err(status) => trailers_only(&status),
     }
+}
+
+/// RESOURCE_EXHAUSTED for a header list over `max` bytes, counted as HTTP/2
+/// counts it (name + value + 32 per field), as grpc-core answers.
+fn check_header_size(headers: &HeaderMap, max: usize) -> Result<(), Status> {
+    let size: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 32)
+        .sum();
+    if max == 0 || size <= max {
+        return Ok(());
+    }
+    Err(Status::new(
+        Code::ResourceExhausted,
+        format!("header list of {size} bytes is over the limit of {max} bytes"),
+    ))
 }
 
 async fn serve(
     request: Request<Incoming>,
     shared: &Arc<Shared>,
     peer: Arc<Peer>,
+    busy: Busy,
 ) -> Result<Response<ResponseBody>, Status> {
     let (parts, body) = request.into_parts();
     let method = parts.uri.path().to_owned();
@@ -108,6 +130,7 @@ async fn serve(
         guard,
         _slot: slot,
         _stop_reading: stop_reading,
+        _busy: busy,
     };
     Ok(answer(out_rx, ending, deadline, answer_encoding).await)
 }
@@ -182,12 +205,13 @@ impl Drop for CancelOnDrop {
 }
 
 /// What a call holds until its answer is over, released in this order: the
-/// daemon is told if it did not answer, the slot is given back, and a
-/// stream's request reader stops.
+/// daemon is told if it did not answer, the slot is given back, a stream's
+/// request reader stops, and the connection counts one call less.
 struct Ending {
     guard: CancelOnDrop,
     _slot: Slot,
     _stop_reading: Option<oneshot::Sender<()>>,
+    _busy: Busy,
 }
 
 /// Feed a stream's requests to the daemon, one per `pull`, until the

@@ -2,28 +2,17 @@
 //! every call on them through the event queue (rpc.rs).
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::call::{EventQueue, Peer};
-use crate::rpc;
+use crate::call::EventQueue;
+use crate::connection::{serve_accepted, OpenConnection};
 use crate::tls::{Certificates, TlsFiles};
-
-/// HTTP/2 flow-control windows: a client may send this much on one call, and
-/// on all its calls together, before the daemon has read it.
-const STREAM_WINDOW: u32 = 1 << 20;
-const CONNECTION_WINDOW: u32 = 8 << 20;
-/// A TLS client has this long from connecting to finishing its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -43,7 +32,24 @@ pub struct FrontConfig {
     pub max_message_bytes: usize,
     /// Most calls in progress at once (0: no limit).
     pub max_concurrent_calls: usize,
+    pub limits: EdgeLimits,
     pub worker_threads: usize,
+}
+
+/// What one client may hold of the front door (docs/security.md lists them).
+#[derive(Debug, Clone)]
+pub struct EdgeLimits {
+    /// Open client connections; one more is closed at once (0: no limit).
+    pub max_connections: usize,
+    /// Concurrent streams (calls) one connection may open (HTTP/2 SETTINGS).
+    pub max_streams_per_connection: u32,
+    /// A connection with no call for this long is closed (GOAWAY).
+    pub idle_timeout: Duration,
+    /// Largest header list (metadata) of a call: RESOURCE_EXHAUSTED above.
+    pub max_header_bytes: usize,
+    /// Streams a client may reset before the server has taken them up
+    /// (h2's defence against rapid reset): beyond, GOAWAY.
+    pub max_pending_resets: usize,
 }
 
 /// What every connection's calls share.
@@ -53,11 +59,12 @@ pub(crate) struct Shared {
     pub queue: Arc<EventQueue>,
     pub max_message_bytes: usize,
     pub max_concurrent_calls: usize,
+    pub limits: EdgeLimits,
     pub in_progress: AtomicUsize,
     /// Open client connections: shutdown waits for them to finish their calls.
-    connections: AtomicUsize,
+    pub connections: AtomicUsize,
     pub next_id: AtomicU64,
-    tls: Option<Certificates>,
+    pub tls: Option<Certificates>,
 }
 
 /// A running front door. Dropping it stops it (without draining).
@@ -101,6 +108,7 @@ impl Front {
             queue: queue.clone(),
             max_message_bytes: config.max_message_bytes,
             max_concurrent_calls: config.max_concurrent_calls,
+            limits: config.limits,
             in_progress: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
@@ -175,81 +183,18 @@ async fn accept_loop(
         };
         match accepted {
             Ok((io, peer)) => {
+                let max = shared.limits.max_connections;
+                if max > 0 && shared.connections.load(Ordering::Acquire) >= max {
+                    // Closed at once: the descriptors and memory of the
+                    // connections already open stay theirs.
+                    continue;
+                }
                 let _ = io.set_nodelay(true);
-                tokio::spawn(serve_accepted(
-                    io,
-                    tcp_peer(peer),
-                    shared.clone(),
-                    stopped.clone(),
-                ));
+                let open = OpenConnection::count(&shared);
+                tokio::spawn(serve_accepted(io, tcp_peer(peer), open, stopped.clone()));
             }
             // EMFILE and friends: wait a little rather than spin.
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-}
-
-/// Serve a connection just accepted: after its TLS handshake, if TLS is on
-/// (a handshake that fails or takes too long closes it).
-async fn serve_accepted(
-    io: tokio::net::TcpStream,
-    address: String,
-    shared: Arc<Shared>,
-    stopped: watch::Receiver<bool>,
-) {
-    let Some(certificates) = &shared.tls else {
-        let peer = Arc::new(Peer {
-            address,
-            certificate: None,
-        });
-        return serve_connection(io, peer, shared, stopped).await;
-    };
-    let acceptor = tokio_rustls::TlsAcceptor::from(certificates.current());
-    let Ok(Ok(io)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await else {
-        return;
-    };
-    let certificate = io
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|chain| chain.first())
-        .map(|cert| bytes::Bytes::copy_from_slice(cert.as_ref()));
-    let peer = Arc::new(Peer {
-        address,
-        certificate,
-    });
-    serve_connection(io, peer, shared, stopped).await;
-}
-
-async fn serve_connection<IO>(
-    io: IO,
-    peer: Arc<Peer>,
-    shared: Arc<Shared>,
-    mut stopped: watch::Receiver<bool>,
-) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    shared.connections.fetch_add(1, Ordering::AcqRel);
-    let _open = OpenConnection(shared.clone());
-    let service = service_fn(move |request| {
-        let shared = shared.clone();
-        let peer = peer.clone();
-        async move { Ok::<_, Infallible>(rpc::handle(request, shared, peer).await) }
-    });
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    // Fixed windows, not BDP probing: probing pings every connection while it
-    // ramps up, which costs both sides CPU on the first thousands of calls.
-    builder
-        .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_header_list_size(16 << 10);
-    let connection = builder.serve_connection(TokioIo::new(io), service);
-    tokio::pin!(connection);
-    tokio::select! {
-        _ = connection.as_mut() => {}
-        _ = stopped.changed() => {
-            connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
         }
     }
 }
@@ -259,14 +204,5 @@ fn tcp_peer(peer: SocketAddr) -> String {
     match peer {
         SocketAddr::V4(a) => format!("ipv4:{a}"),
         SocketAddr::V6(a) => format!("ipv6:{a}"),
-    }
-}
-
-/// Counts a connection as open until its task ends.
-struct OpenConnection(Arc<Shared>);
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
-use stratad_front::{CallHandle, EventQueue, Front, FrontConfig, MetadataValue, TlsFiles};
+use stratad_front::{
+    CallHandle, EdgeLimits, EventQueue, Front, FrontConfig, MetadataValue, TlsFiles,
+};
 
 /// The HTTP/2 server of the native front door, running on its own threads.
 #[pyclass(frozen, module = "stratad._core")]
@@ -20,7 +22,7 @@ pub struct NativeFront {
 #[pymethods]
 impl NativeFront {
     #[new]
-    #[pyo3(signature = (listen, methods, *, max_message_bytes, max_concurrent_calls, worker_threads, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None))]
+    #[pyo3(signature = (listen, methods, *, max_message_bytes, max_concurrent_calls, worker_threads, max_connections, max_streams_per_connection, idle_timeout, max_header_bytes, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -29,6 +31,10 @@ impl NativeFront {
         max_message_bytes: usize,
         max_concurrent_calls: usize,
         worker_threads: usize,
+        max_connections: usize,
+        max_streams_per_connection: u32,
+        idle_timeout: f64,
+        max_header_bytes: usize,
         tls_cert_file: Option<std::path::PathBuf>,
         tls_key_file: Option<std::path::PathBuf>,
         tls_client_ca_file: Option<std::path::PathBuf>,
@@ -46,7 +52,22 @@ impl NativeFront {
                 ))
             }
         };
+        if !(idle_timeout.is_finite() && idle_timeout > 0.0) {
+            return Err(PyValueError::new_err(
+                "idle_timeout must be a positive number of seconds",
+            ));
+        }
+        let limits = EdgeLimits {
+            max_connections,
+            max_streams_per_connection,
+            idle_timeout: Duration::from_secs_f64(idle_timeout),
+            max_header_bytes,
+            // As many as may be open at once: a legitimate client whose
+            // calls time out while the daemon is busy stays under it.
+            max_pending_resets: max_streams_per_connection as usize,
+        };
         let config = FrontConfig {
+            limits,
             tls,
             listen: listen.clone(),
             methods,
