@@ -517,8 +517,8 @@ def start_front(
 
 
 __all__ = [
-    "FrontContext",
     "EdgeLimits",
+    "FrontContext",
     "FrontDoor",
     "MethodRecorder",
     "native_methods",
