@@ -231,6 +231,7 @@ class NativeFront:
         max_streams_per_connection: int,
         idle_timeout: float,
         max_header_bytes: int,
+        max_answer_bytes: int,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         tls_client_ca_file: str | None = None,
@@ -241,6 +242,9 @@ class NativeFront:
     @property
     def ports(self) -> list[int]:
         """The port of each listener, in order (0 for a unix socket)."""
+    @property
+    def answer_bytes(self) -> int:
+        """Answer bytes not yet written to their clients' sockets."""
     @property
     def tls_reloads(self) -> int:
         """How many times changed TLS files were loaded (0 without TLS)."""

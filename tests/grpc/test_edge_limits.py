@@ -6,6 +6,7 @@ and one connection may carry more concurrent calls than hyper's default 200."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import time
@@ -165,3 +166,137 @@ def test_one_connection_carries_more_than_200_concurrent_calls(
         finally:
             for watch in watches:
                 watch.cancel()
+
+
+def _zero_window_client(target: str) -> tuple[socket.socket, Any]:
+    """An HTTP/2 client that never lets the server send it a byte of DATA."""
+    import h2.config
+    import h2.connection
+    import h2.settings
+
+    host, _, port = target.rpartition(":")
+    sock = socket.create_connection((host, int(port)))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    sock.sendall(conn.data_to_send())
+    return sock, conn
+
+
+def _open_call(sock: socket.socket, conn: Any, path: str, body: bytes, end: bool = True) -> int:
+    stream = conn.get_next_available_stream_id()
+    headers = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+    conn.send_headers(stream, headers)
+    conn.send_data(stream, body, end_stream=end)
+    sock.sendall(conn.data_to_send())
+    return int(stream)
+
+
+def _send_for(sock: socket.socket, conn: Any, stream: int, body: bytes, seconds: float) -> None:
+    """Send ``body`` on ``stream`` as fast as flow control lets, for ``seconds``
+    (taking the server's window updates, never reading its answers' data)."""
+    sock.settimeout(0.05)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        window = min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size)
+        if body and window > 0:
+            conn.send_data(stream, body[:window])
+            body = body[window:]
+        sock.sendall(conn.data_to_send())
+        with contextlib.suppress(TimeoutError):
+            conn.receive_data(sock.recv(65536))
+
+
+def _grpc_frame(message: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(message)) + message
+
+
+def test_answers_a_client_does_not_read_stay_within_the_budget(
+    inprocess_server: Callable[..., Any],
+) -> None:
+    """60 LoadStates of a 1 MiB state from a client whose window is 0: once
+    its answers hold its share of max_inflight_bytes (1/8), its next calls end
+    RESOURCE_EXHAUSTED instead of queueing; others are served meanwhile."""
+    import os
+
+    from stratad.api.v1 import checkpoint_pb2, checkpoint_pb2_grpc
+
+    budget = 16 << 20
+    server = inprocess_server(SERVICES, max_inflight_bytes=budget)
+    front = server.server.front
+    with grpc.insecure_channel(server.target) as channel:
+        sessions = session_pb2_grpc.SessionServiceStub(channel)
+        checkpoints = checkpoint_pb2_grpc.CheckpointServiceStub(channel)
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="big"), timeout=DEADLINE)
+        state = os.urandom(1 << 20)
+        save = checkpoint_pb2.SaveStateRequest(session_id="big", data=state)
+        checkpoints.SaveState(save, timeout=DEADLINE)
+        load = checkpoint_pb2.LoadStateRequest(session_id="big")
+        sock, conn = _zero_window_client(server.target)
+        try:
+            for _ in range(60):
+                _open_call(
+                    sock,
+                    conn,
+                    "/stratad.api.v1.CheckpointService/LoadState",
+                    _grpc_frame(load.SerializeToString()),
+                )
+            deadline = time.monotonic() + 10
+            refused = 0
+            sock.settimeout(0.2)
+            while refused < 50 and time.monotonic() < deadline:
+                try:
+                    data = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                for event in conn.receive_data(data):
+                    headers = dict(getattr(event, "headers", None) or [])
+                    if headers.get(b"grpc-status") == b"8":
+                        refused += 1
+                sock.sendall(conn.data_to_send())
+            assert refused >= 50, f"only {refused} of 60 unread answers were refused"
+            assert front.answer_bytes <= budget // 8 + (1 << 20) + 1024
+            # Everyone else is served meanwhile, large answers included.
+            assert checkpoints.LoadState(load, timeout=DEADLINE).data == state
+        finally:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while front.answer_bytes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert front.answer_bytes == 0, "a closed connection gives its answers' bytes back"
+
+
+def test_a_stream_whose_answers_are_not_read_stops_being_read(
+    inprocess_server: Callable[..., Any],
+) -> None:
+    """grpc.aio stops after a window's worth; the native front door did 21,000
+    saves for a client that never read one answer."""
+    from stratad.api.v1 import checkpoint_pb2
+
+    server = inprocess_server(SERVICES)
+    with grpc.insecure_channel(server.target) as channel:
+        sessions = session_pb2_grpc.SessionServiceStub(channel)
+        sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="s"), timeout=DEADLINE)
+        item = checkpoint_pb2.SaveStatesRequest(
+            request=checkpoint_pb2.SaveStateRequest(session_id="s", data=b'{"n": 1}')
+        )
+        body = _grpc_frame(item.SerializeToString()) * 4000
+        sock, conn = _zero_window_client(server.target)
+        try:
+            stream = _open_call(
+                sock, conn, "/stratad.api.v1.CheckpointService/SaveStates", b"", end=False
+            )
+            _send_for(sock, conn, stream, body, seconds=3.0)
+            version = sessions.GetSession(
+                session_pb2.GetSessionRequest(session_id="s"), timeout=DEADLINE
+            ).session.version
+        finally:
+            sock.close()
+    assert 1 < version < 2000, f"{version - 1} saves done for a client that read no answer"

@@ -361,6 +361,8 @@ def edge_limits(config: Config) -> EdgeLimits:
         max_streams_per_connection=config.max_streams_per_connection,
         idle_timeout=config.connection_idle_timeout,
         max_header_bytes=config.max_header_bytes,
+        # Answers get a budget of the same size as requests (their own count).
+        max_answer_bytes=config.max_inflight_bytes,
     )
 
 

@@ -368,6 +368,11 @@ class FrontDoor:
         return list(self._native.ports)
 
     @property
+    def answer_bytes(self) -> int:
+        """Answer bytes not yet written to their clients' sockets."""
+        return int(self._native.answer_bytes)
+
+    @property
     def tls_reloads(self) -> int:
         """How many times changed TLS files were loaded (0 without TLS)."""
         return int(self._native.tls_reloads)
@@ -479,6 +484,8 @@ class EdgeLimits:
     max_streams_per_connection: int
     idle_timeout: float
     max_header_bytes: int
+    #: Answers not yet read by their clients (0: no limit).
+    max_answer_bytes: int
 
 
 def start_front(
@@ -509,6 +516,7 @@ def start_front(
         max_streams_per_connection=limits.max_streams_per_connection,
         idle_timeout=limits.idle_timeout,
         max_header_bytes=limits.max_header_bytes,
+        max_answer_bytes=limits.max_answer_bytes,
         tls_cert_file=tls.cert_file if tls is not None else None,
         tls_key_file=tls.key_file if tls is not None else None,
         tls_client_ca_file=(tls.client_ca_file or None) if tls is not None else None,

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::answers::{CallAnswers, Charge};
 use crate::grpc::Code;
 
 /// A metadata value as gRPC defines it: text, or bytes for `-bin` keys.
@@ -22,12 +23,12 @@ pub enum MetadataValue {
 
 /// What the daemon sends back for a call, in order: initial metadata (at
 /// most once, before any message), messages, then the status.
-#[derive(Debug)]
 pub(crate) enum Out {
     Headers(Vec<(String, MetadataValue)>),
     /// A response message; `compress`: compress it if the call's answers
-    /// are compressed (the handler may exempt single messages).
-    Message(Bytes, bool),
+    /// are compressed (the handler may exempt single messages); its place
+    /// in the answer budget.
+    Message(Bytes, bool, Charge),
     Finish(Status),
 }
 
@@ -76,9 +77,12 @@ pub struct CallHandle {
     finished: AtomicBool,
     /// The handler asked for compressed answers (`set_compression`).
     compress: AtomicBool,
+    /// Its answers not yet written to the socket (answers.rs).
+    pub(crate) answers: Arc<CallAnswers>,
 }
 
 impl CallHandle {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: u64,
         method: String,
@@ -87,6 +91,7 @@ impl CallHandle {
         deadline: Option<Instant>,
         out: mpsc::UnboundedSender<Out>,
         pull: Option<mpsc::UnboundedSender<()>>,
+        answers: Arc<CallAnswers>,
     ) -> Self {
         CallHandle {
             id,
@@ -99,6 +104,7 @@ impl CallHandle {
             pull,
             finished: AtomicBool::new(false),
             compress: AtomicBool::new(false),
+            answers,
         }
     }
 
@@ -127,8 +133,22 @@ impl CallHandle {
     /// Queue one response message (a stream's; a unary call answers with
     /// `finish`); `compress`: false exempts it from the call's compression.
     /// False once the call is over (finished, cancelled, or the client left).
+    /// An answer its client leaves unread beyond the answer budget ends the
+    /// call RESOURCE_EXHAUSTED instead (answers.rs).
     pub fn send(&self, message: Bytes, compress: bool) -> bool {
-        !self.is_finished() && self.out.send(Out::Message(message, compress)).is_ok()
+        if self.is_finished() {
+            return false;
+        }
+        match self.answers.charge(message.len()) {
+            Ok(charge) => self
+                .out
+                .send(Out::Message(message, compress, charge))
+                .is_ok(),
+            Err(status) => {
+                self.fail(status);
+                false
+            }
+        }
     }
 
     /// End the call: an optional last message, then the status. Only the
@@ -143,18 +163,22 @@ impl CallHandle {
         if self.finished.swap(true, Ordering::AcqRel) {
             return false;
         }
+        let mut status = Status {
+            code,
+            message: text,
+            trailers,
+        };
         if let Some(message) = message {
-            if self.out.send(Out::Message(message, true)).is_err() {
-                return false;
+            match self.answers.charge(message.len()) {
+                Ok(charge) => {
+                    if self.out.send(Out::Message(message, true, charge)).is_err() {
+                        return false;
+                    }
+                }
+                Err(refused) => status = refused,
             }
         }
-        self.out
-            .send(Out::Finish(Status {
-                code,
-                message: text,
-                trailers,
-            }))
-            .is_ok()
+        self.out.send(Out::Finish(status)).is_ok()
     }
 
     /// Ask for the next request message of a stream (one per call of this).

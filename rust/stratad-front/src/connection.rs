@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::answers::ConnectionAnswers;
 use crate::call::Peer;
 use crate::rpc;
 use crate::server::Shared;
@@ -157,11 +158,14 @@ async fn serve_connection<IO>(
     let limits = shared.limits.clone();
     let activity = Arc::new(Activity::default());
     let calls = activity.clone();
+    let answers = ConnectionAnswers::new(shared.answers.clone());
     let service = service_fn(move |request| {
-        let shared = shared.clone();
-        let peer = peer.clone();
+        let (shared, peer, answers) = (shared.clone(), peer.clone(), answers.clone());
         let busy = calls.begin();
-        async move { Ok::<_, Infallible>(rpc::handle(request, shared, peer, busy).await) }
+        async move {
+            let response = rpc::handle(request, shared, peer, answers, busy).await;
+            Ok::<_, Infallible>(response)
+        }
     });
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     // Fixed windows, not BDP probing: probing pings every connection while it

@@ -18,6 +18,7 @@
 //! protobuf, decoded by the daemon, so there is one definition of every
 //! message and one place (the daemon) where requests are checked.
 
+mod answers;
 mod call;
 mod client;
 mod connection;

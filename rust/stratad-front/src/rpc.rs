@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Sleep;
 
+use crate::answers::{CallAnswers, ConnectionAnswers, STREAM_ANSWER_WINDOW};
 use crate::call::{CallHandle, Event, EventKind, EventQueue, MetadataValue, Out, Peer, Status};
 use crate::connection::Busy;
 use crate::grpc::{self, Code, Encoding, MessageReader};
@@ -30,6 +31,7 @@ pub(crate) async fn handle(
     request: Request<Incoming>,
     shared: Arc<Shared>,
     peer: Arc<Peer>,
+    answers: Arc<ConnectionAnswers>,
     busy: Busy,
 ) -> Response<ResponseBody> {
     if request.method() != http::Method::POST {
@@ -42,7 +44,7 @@ pub(crate) async fn handle(
     if let Err(status) = check_header_size(request.headers(), shared.limits.max_header_bytes) {
         return trailers_only(&status);
     }
-    match serve(request, &shared, peer, busy).await {
+    match serve(request, &shared, peer, answers, busy).await {
         Ok(response) => response,
         Err(status) => trailers_only(&status),
     }
@@ -68,6 +70,7 @@ async fn serve(
     request: Request<Incoming>,
     shared: &Arc<Shared>,
     peer: Arc<Peer>,
+    answers: Arc<ConnectionAnswers>,
     busy: Busy,
 ) -> Result<Response<ResponseBody>, Status> {
     let (parts, body) = request.into_parts();
@@ -96,6 +99,7 @@ async fn serve(
             deadline,
             out_tx,
             Some(pull_tx),
+            CallAnswers::new(answers),
         ));
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(read_requests(
@@ -114,7 +118,14 @@ async fn serve(
             .ok_or_else(|| Status::new(Code::Internal, "missing request message"))?;
         let slot = Slot::take(shared)?;
         let call = Arc::new(CallHandle::new(
-            id, method, metadata, peer, deadline, out_tx, None,
+            id,
+            method,
+            metadata,
+            peer,
+            deadline,
+            out_tx,
+            None,
+            CallAnswers::new(answers),
         ));
         let mut started = event(EventKind::Started, &call, Some(message.bytes));
         started.compressed = message.compressed;
@@ -216,7 +227,9 @@ struct Ending {
 
 /// Feed a stream's requests to the daemon, one per `pull`, until the
 /// requests end or the call's answer is over (`stop`: its sender is dropped
-/// with the answer, even if the client never finishes sending).
+/// with the answer, even if the client never finishes sending). While the
+/// stream's unread answers hold more than STREAM_ANSWER_WINDOW, no request
+/// is read: a client that sends and never reads is held back, not served on.
 async fn read_requests(
     mut reader: MessageReader<Incoming>,
     mut pulls: mpsc::UnboundedReceiver<()>,
@@ -229,9 +242,15 @@ async fn read_requests(
             _ = &mut stop => return,
             pulled = pulls.recv() => if pulled.is_none() { return },
         }
+        let Some(answers) = call.upgrade().map(|c| c.answers.clone()) else {
+            return;
+        };
         let next = tokio::select! {
             _ = &mut stop => return,
-            next = reader.next() => next,
+            next = async {
+                answers.drained_to(STREAM_ANSWER_WINDOW).await;
+                reader.next().await
+            } => next,
         };
         let Some(call) = call.upgrade() else { return };
         match next {
@@ -277,9 +296,9 @@ async fn answer(
         None => return trailers_only(&dropped()),
         Some(Out::Finish(status)) => return trailers_only(&status),
         Some(Out::Headers(metadata)) => (metadata, None),
-        Some(Out::Message(message, compress)) => (
+        Some(Out::Message(message, compress, charge)) => (
             Vec::new(),
-            Some(message_frame(&message, compress, encoding)),
+            Some(charge.attach(message_frame(&message, compress, encoding))),
         ),
     };
     let body = AnswerBody {
@@ -345,8 +364,8 @@ impl http_body::Body for AnswerBody {
         }
         loop {
             match self.out.poll_recv(cx) {
-                Poll::Ready(Some(Out::Message(message, compress))) => {
-                    let frame = message_frame(&message, compress, self.encoding);
+                Poll::Ready(Some(Out::Message(message, compress, charge))) => {
+                    let frame = charge.attach(message_frame(&message, compress, self.encoding));
                     return Poll::Ready(Some(Ok(Frame::data(frame))));
                 }
                 // Initial metadata after the first answer has no place left.

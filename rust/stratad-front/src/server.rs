@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::answers::AnswerBudget;
 use crate::call::EventQueue;
 use crate::connection::{serve_accepted, OpenConnection};
 use crate::tls::{Certificates, TlsFiles};
@@ -50,6 +51,8 @@ pub struct EdgeLimits {
     /// Streams a client may reset before the server has taken them up
     /// (h2's defence against rapid reset): beyond, GOAWAY.
     pub max_pending_resets: usize,
+    /// Answer bytes not yet read by their clients (answers.rs; 0: no limit).
+    pub max_answer_bytes: usize,
 }
 
 /// What every connection's calls share.
@@ -65,6 +68,7 @@ pub(crate) struct Shared {
     pub connections: AtomicUsize,
     pub next_id: AtomicU64,
     pub tls: Option<Certificates>,
+    pub answers: Arc<AnswerBudget>,
 }
 
 /// A running front door. Dropping it stops it (without draining).
@@ -103,6 +107,7 @@ impl Front {
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let queue = Arc::new(EventQueue::new()?);
         let shared = Arc::new(Shared {
+            answers: AnswerBudget::new(config.limits.max_answer_bytes),
             tls,
             methods: config.methods.into_iter().collect(),
             queue: queue.clone(),
@@ -124,6 +129,11 @@ impl Front {
             queue,
             shared,
         })
+    }
+
+    /// Answer bytes handed over by the daemon and not yet written to sockets.
+    pub fn answer_bytes(&self) -> usize {
+        self.shared.answers.in_use()
     }
 
     /// How many times changed TLS files were loaded (0 without TLS).

@@ -22,7 +22,7 @@ pub struct NativeFront {
 #[pymethods]
 impl NativeFront {
     #[new]
-    #[pyo3(signature = (listen, methods, *, max_message_bytes, max_concurrent_calls, worker_threads, max_connections, max_streams_per_connection, idle_timeout, max_header_bytes, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None))]
+    #[pyo3(signature = (listen, methods, *, max_message_bytes, max_concurrent_calls, worker_threads, max_connections, max_streams_per_connection, idle_timeout, max_header_bytes, max_answer_bytes, tls_cert_file=None, tls_key_file=None, tls_client_ca_file=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -35,6 +35,7 @@ impl NativeFront {
         max_streams_per_connection: u32,
         idle_timeout: f64,
         max_header_bytes: usize,
+        max_answer_bytes: usize,
         tls_cert_file: Option<std::path::PathBuf>,
         tls_key_file: Option<std::path::PathBuf>,
         tls_client_ca_file: Option<std::path::PathBuf>,
@@ -65,6 +66,7 @@ impl NativeFront {
             // As many as may be open at once: a legitimate client whose
             // calls time out while the daemon is busy stays under it.
             max_pending_resets: max_streams_per_connection as usize,
+            max_answer_bytes,
         };
         let config = FrontConfig {
             limits,
@@ -92,6 +94,16 @@ impl NativeFront {
     #[getter]
     fn ports(&self) -> Vec<u16> {
         self.ports.clone()
+    }
+
+    /// Answer bytes not yet written to their clients' sockets.
+    #[getter]
+    fn answer_bytes(&self) -> usize {
+        self.front
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, Front::answer_bytes)
     }
 
     /// How many times changed TLS files were loaded (0 without TLS).
