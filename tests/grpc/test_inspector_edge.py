@@ -308,6 +308,11 @@ def test_connections_beyond_the_cap_are_refused_and_the_others_served(
     assert wait_until(lambda: timed_get(address)[0] == 200, 2.0)
 
     assert not problems(caplog), problems(caplog)[:3]
-    assert len(messages(caplog, "refused")) == 20  # one DEBUG line each
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(messages(caplog, "inspector: refused ")) == 20  # one DEBUG line each
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == inspector_http.__name__ and r.levelno == logging.WARNING
+    ]
     assert len(warnings) == 1, warnings  # not one per refused connection
+    assert f"{cap} connections open" in warnings[0]

@@ -39,15 +39,16 @@ MAX_QUERY_FIELDS = 16
 #: ``kubectl port-forward`` or an SSH tunnel); a socket that sends nothing, or
 #: dribbles its head (slowloris), gives its slot back after this.
 HEAD_TIMEOUT = 5.0
-#: Seconds a client gets to take its whole answer (the largest, a state decoded
-#: up to 8 MiB, is about 1 MiB of JSON per MiB of state): generous for a slow
-#: tunnel, and a client that stops reading is closed rather than held.
+#: Seconds a client gets to take its whole answer (a few MiB at most: states are
+#: decoded up to 8 MiB): generous for a slow tunnel, while a client that stops
+#: reading is dropped rather than holding its connection for good.
 WRITE_TIMEOUT = 30.0
 #: Connections open at once. A browser opens at most 6 to a host, so this leaves
 #: room for hundreds of stray or idle sockets (each gone after HEAD_TIMEOUT)
-#: without locking a person out, while bounding the descriptors and tasks they
-#: cost (each at most one descriptor and a MAX_HEAD_BYTES buffer: 512 x 16 KiB
-#: = 8 MiB). One beyond it is answered 503 and closed without being read.
+#: without locking a person out, while bounding what they cost: each one
+#: descriptor and a task, and until its head is read a buffer of at most
+#: 2 x MAX_HEAD_BYTES (512 x 32 KiB = 16 MiB). One beyond it is answered 503 and
+#: closed without being read.
 MAX_CONNECTIONS = 512
 #: Seconds between two WARNINGs that connections are being refused (a flood
 #: would otherwise write one line per refused connection).
@@ -185,7 +186,7 @@ class HttpServer:
         if now - self._refused_warned_at >= REFUSED_WARNING_INTERVAL:
             _log.warning(
                 "inspector: %d connections open, its limit: refusing new ones with 503 "
-                "(%d since the last such warning; idle ones are closed after %gs)",
+                "(%d refused since this was last logged); idle ones are closed after %gs",
                 MAX_CONNECTIONS,
                 self._refused,
                 HEAD_TIMEOUT,
