@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 .PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
         rust-check proto proto-check core-purity bench clean deploy-check s3-server \
-        go-tools proto-lint go-gen go-check chromium ts-client ts-proto
+        go-tools proto-lint go-gen go-check chromium ts-client ts-proto interop-tools
 
 help: ## List the targets with a one-line description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -98,6 +98,9 @@ deploy-check: $(STAMP) ## Check deploy/ offline: hadolint, Dockerfile build step
 
 s3-server: ## Build (once, cached in .tools/bin) the SeaweedFS S3 server the tests use; needs Go
 	bash scripts/s3-test-server.sh build
+
+interop-tools: ## Build (once, cached in ~/.cache/stratad-tools) grpc-go's interop client for tests/interop; needs Go
+	bash scripts/interop-tools.sh build
 
 chromium: ## Install headless Chromium + chromedriver (Debian packages) for the inspector's browser test
 	bash scripts/install-chromium.sh

@@ -533,3 +533,18 @@ def test_the_unix_socket_beside_the_front_door_serves_every_call(
         request = checkpoint_pb2.LoadStateRequest(session_id="u")
         loaded = checkpoint_pb2_grpc.CheckpointServiceStub(tcp).LoadState(request, timeout=DEADLINE)
         assert loaded.data == b'{"over": "unix"}'
+
+
+def test_no_private_socket_is_left_behind(
+    inprocess_server: Callable[..., Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The front door once forwarded calls to grpc.aio on a private unix socket
+    in a `stratad-front-*` directory, which a SIGKILLed daemon left behind
+    forever; with nothing forwarded there is no such socket."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    server = inprocess_server(SERVICES)
+    _healthy(server.target)
+    assert server.server.front is not None
+    assert list(tmp_path.glob("stratad-front-*")) == []
