@@ -99,8 +99,9 @@ deploy-check: $(STAMP) ## Check deploy/ offline: hadolint, Dockerfile build step
 s3-server: ## Build (once, cached in .tools/bin) the SeaweedFS S3 server the tests use; needs Go
 	bash scripts/s3-test-server.sh build
 
-interop-tools: ## Build (once, cached in ~/.cache/stratad-tools) grpc-go's interop client for tests/interop; needs Go
+interop-tools: ## Build (once, cached in ~/.cache/stratad-tools) grpc-go's interop client and server, and h2spec, for tests/interop and tests/edge; needs Go
 	bash scripts/interop-tools.sh build
+	bash scripts/h2spec.sh build
 
 chromium: ## Install headless Chromium + chromedriver (Debian packages) for the inspector's browser test
 	bash scripts/install-chromium.sh

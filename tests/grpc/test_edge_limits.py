@@ -80,8 +80,11 @@ def test_connections_over_the_cap_are_closed_and_the_open_ones_keep_serving(
         try:
             time.sleep(0.2)
             refused = _h2_connection(server.target)
-            _, seconds = _read_until_closed(refused, 5.0)
-            assert seconds < 2.0, "a connection over the cap is closed at once"
+            started = time.monotonic()
+            # Closed at once, with the preface it sent unread: a reset is fine too.
+            with contextlib.suppress(ConnectionResetError):
+                _read_until_closed(refused, 5.0)
+            assert time.monotonic() - started < 2.0, "a connection over the cap is closed at once"
             refused.close()
             for _ in range(20):  # the open connection keeps serving
                 assert health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE).status == 1

@@ -63,9 +63,8 @@ impl NativeFront {
             max_streams_per_connection,
             idle_timeout: Duration::from_secs_f64(idle_timeout),
             max_header_bytes,
-            // As many as may be open at once: a legitimate client whose
-            // calls time out while the daemon is busy stays under it.
-            max_pending_resets: max_streams_per_connection as usize,
+            // h2's default: see rust/stratad-front/src/connection.rs.
+            max_pending_resets: 20,
             max_answer_bytes,
         };
         let config = FrontConfig {
