@@ -12,7 +12,9 @@ docs/benchmarks.md).
 
 REF (a commit, tag or branch) is checked out into a temporary git worktree.
 Both versions use the native extension built for this tree, so a change to
-the Rust core is not what this compares: build the baseline's own for that.
+the Rust core is not what this compares, unless --baseline-core names the
+baseline's own extension (built from REF: `git worktree add /tmp/ref REF &&
+cd /tmp/ref && maturin build --release`, then `_core.abi3.so` from the wheel).
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ with stratad.Client({address!r}) as client:
 
 
 @contextlib.contextmanager
-def worktree(ref: str) -> Iterator[Path]:
-    """`ref` checked out in a temporary directory, with this tree's native extension."""
+def worktree(ref: str, core: Path | None = None) -> Iterator[Path]:
+    """`ref` checked out in a temporary directory, with ``core`` as its native
+    extension (default: this tree's)."""
     with tempfile.TemporaryDirectory(prefix="stratad-ab-") as tmp:
         path = Path(tmp) / "tree"
         subprocess.run(
@@ -55,7 +58,8 @@ def worktree(ref: str) -> Iterator[Path]:
             check=True,
         )
         try:
-            for built in (ROOT / "python" / "stratad").glob("_core*.so"):
+            builds = [core] if core else (ROOT / "python" / "stratad").glob("_core*.so")
+            for built in builds:
                 (path / "python" / "stratad" / built.name).write_bytes(built.read_bytes())
             yield path
         finally:
@@ -81,6 +85,9 @@ def one_run(tree: Path, steps: int) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", required=True, help="git commit, tag or branch")
+    parser.add_argument(
+        "--baseline-core", type=Path, help="the baseline's own built _core*.so (Rust changes)"
+    )
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--doc", action="store_true", help="write docs/benchmarks.md")
@@ -90,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     rates: dict[str, list[float]] = {args.baseline: [], f"this tree ({head})": []}
-    with worktree(args.baseline) as baseline:
+    with worktree(args.baseline, args.baseline_core) as baseline:
         trees = dict(zip(rates, (baseline, ROOT), strict=True))
         for run in range(args.runs):
             for name, tree in trees.items():
@@ -104,9 +111,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     table = markdown_table(["version", "checkpoints/s (median)", "runs, in order"], rows)
     print(table)
     if args.doc:
+        core = " --baseline-core BUILT.so" if args.baseline_core else ""
         command = (
-            f"`python bench/ab_sequential.py --baseline {args.baseline} --runs {args.runs} "
-            f"--steps {args.steps} --doc`"
+            f"`python bench/ab_sequential.py --baseline {args.baseline}{core} "
+            f"--runs {args.runs} --steps {args.steps} --doc`"
         )
         write_section(
             HEADING,
