@@ -102,12 +102,21 @@ def health_status(target: str, service: str = "", timeout: float = 5.0) -> int:
 
 
 def wait_until_serving(
-    target: str, timeout: float = 20.0, proc: subprocess.Popen[Any] | None = None
+    target: str,
+    timeout: float = 20.0,
+    proc: subprocess.Popen[Any] | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> None:
-    """Block until ``target`` reports SERVING; fail if ``proc`` exits or time runs out."""
+    """Block until ``target`` reports SERVING (over TLS with ``credentials``);
+    fail if ``proc`` exits or time runs out."""
     deadline = time.monotonic() + timeout
     last_error = "no attempt made"
-    with grpc.insecure_channel(target, options=FAST_RECONNECT_OPTIONS) as channel:
+    channel = (
+        grpc.secure_channel(target, credentials, options=FAST_RECONNECT_OPTIONS)
+        if credentials is not None
+        else grpc.insecure_channel(target, options=FAST_RECONNECT_OPTIONS)
+    )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while (remaining := deadline - time.monotonic()) > 0:
             if proc is not None and proc.poll() is not None:

@@ -36,7 +36,6 @@ from pathlib import Path
 import grpc
 import pytest
 from edge_support import BUILD_TIMEOUT, Daemon
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pki import Issued
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -100,42 +99,10 @@ def _wait_accepting(port: int, proc: subprocess.Popen[bytes], log: Path, timeout
     pytest.fail(f"nothing listening on 127.0.0.1:{port} after {timeout}s:\n{log.read_text()}")
 
 
-def _wait_serving(
-    target: str,
-    credentials: grpc.ChannelCredentials | None,
-    proc: subprocess.Popen[bytes],
-    timeout: float = 30.0,
-) -> None:
-    deadline = time.monotonic() + timeout
-    last = "no attempt made"
-    options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 250)]
-    channel = (
-        grpc.secure_channel(target, credentials, options=options)
-        if credentials is not None
-        else grpc.insecure_channel(target, options=options)
-    )
-    with channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while (remaining := deadline - time.monotonic()) > 0:
-            if proc.poll() is not None:
-                pytest.fail(f"daemon exited with {proc.returncode} before serving")
-            try:
-                response = stub.Check(
-                    health_pb2.HealthCheckRequest(),
-                    timeout=min(0.5, remaining),
-                    wait_for_ready=True,
-                )
-            except grpc.RpcError as exc:
-                last = f"{exc.code()}: {exc.details()}"
-                continue
-            if response.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-            last = f"status {response.status}"
-    pytest.fail(f"{target} not SERVING after {timeout}s ({last})")
-
-
 @pytest.fixture
-def start_stratad(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+def start_stratad(
+    tmp_path: Path, wait_serving: Callable[..., None]
+) -> Iterator[Callable[..., Daemon]]:
     daemons: list[Daemon] = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAD_")}
     env["STRATAD_METRICS_LISTEN"] = "off"
@@ -158,7 +125,7 @@ def start_stratad(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         daemon = Daemon(proc, port, log_path)
         daemons.append(daemon)
         try:
-            _wait_serving(wait_target or f"127.0.0.1:{port}", credentials, proc)
+            wait_serving(wait_target or f"127.0.0.1:{port}", 30.0, proc, credentials)
         except BaseException:
             print(daemon.output(), file=sys.stderr)
             raise
