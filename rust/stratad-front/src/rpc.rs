@@ -86,50 +86,40 @@ async fn serve(
     let metadata = grpc::metadata_of(&parts.headers)?;
     let deadline = grpc::deadline_of(&parts.headers, Instant::now())?;
     let mut reader = MessageReader::new(body, shared.max_message_bytes, encoding);
-    let (out_tx, out_rx) = mpsc::unbounded_channel();
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    let (started, slot, stop_reading) = if streaming {
-        let slot = Slot::take(shared)?;
-        let (pull_tx, pull_rx) = mpsc::unbounded_channel();
-        let call = Arc::new(CallHandle::new(
-            id,
-            method,
-            metadata,
-            peer,
-            deadline,
-            out_tx,
-            Some(pull_tx),
-            CallAnswers::new(answers),
-        ));
-        let (stop_tx, stop_rx) = oneshot::channel();
-        tokio::spawn(read_requests(
-            reader,
-            pull_rx,
-            stop_rx,
-            Arc::downgrade(&call),
-            shared.queue.clone(),
-        ));
-        (event(EventKind::Started, &call, None), slot, Some(stop_tx))
+    // A unary request first: a call whose request is still on its way holds
+    // no slot, and ends at its deadline like any other.
+    let request = if streaming {
+        None
     } else {
-        // The request first: a call whose request is still on its way holds
-        // no slot, and ends at its deadline like any other.
-        let message = within(deadline, reader.next())
-            .await??
-            .ok_or_else(|| Status::new(Code::Internal, "missing request message"))?;
-        let slot = Slot::take(shared)?;
-        let call = Arc::new(CallHandle::new(
-            id,
-            method,
-            metadata,
-            peer,
-            deadline,
-            out_tx,
-            None,
-            CallAnswers::new(answers),
-        ));
-        let mut started = event(EventKind::Started, &call, Some(message.bytes));
-        started.compressed = message.compressed;
-        (started, slot, None)
+        let message = within(deadline, reader.next()).await??;
+        Some(message.ok_or_else(|| Status::new(Code::Internal, "missing request message"))?)
+    };
+    let slot = Slot::take(shared)?;
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let (pull_tx, pull_rx) = mpsc::unbounded_channel();
+    let call = Arc::new(CallHandle::new(
+        shared.next_id.fetch_add(1, Ordering::Relaxed),
+        method,
+        metadata,
+        peer,
+        deadline,
+        out_tx,
+        streaming.then_some(pull_tx),
+        CallAnswers::new(answers),
+    ));
+    let (started, stop_reading) = match request {
+        Some(message) => {
+            let mut started = event(EventKind::Started, &call, Some(message.bytes));
+            started.compressed = message.compressed;
+            (started, None)
+        }
+        None => {
+            let (stop_tx, stop_rx) = oneshot::channel();
+            let queue = shared.queue.clone();
+            let weak = Arc::downgrade(&call);
+            tokio::spawn(read_requests(reader, pull_rx, stop_rx, weak, queue));
+            (event(EventKind::Started, &call, None), Some(stop_tx))
+        }
     };
     let call = started.call.clone();
     shared.queue.push(started);
