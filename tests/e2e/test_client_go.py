@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from go_toolchain import find_go
 from pki import Pki
 
 import stratad
@@ -30,18 +30,6 @@ import stratad
 GO_MODULE = Path(__file__).resolve().parents[2] / "clients" / "go"
 MAX_MESSAGE_BYTES = 1 << 20
 GO_TIMEOUT = 900  # a cold build compiles gRPC: minutes on a busy 2-core machine
-
-
-def find_go() -> str:
-    go = shutil.which("go") or (
-        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
-    )
-    if go is None:
-        reason = "no Go toolchain (go on PATH or /usr/local/go/bin/go)"
-        if os.environ.get("STRATAD_REQUIRE_GO", "") not in ("", "0"):
-            pytest.fail(f"STRATAD_REQUIRE_GO is set but there is {reason}", pytrace=False)
-        pytest.skip(reason)
-    return go
 
 
 def go_env(**extra: str) -> dict[str, str]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -36,21 +35,13 @@ from pathlib import Path
 import grpc
 import pytest
 from edge_support import BUILD_TIMEOUT, Daemon
+from go_toolchain import find_go
 from pki import Issued
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON_SOURCE = REPO_ROOT / "python"
 H2SPEC_SCRIPT = REPO_ROOT / "scripts" / "h2spec.sh"
 INTEROP_TOOLS = REPO_ROOT / "scripts" / "interop-tools.sh"
-
-
-def require_go() -> None:
-    if shutil.which("go") or Path("/usr/local/go/bin/go").exists():
-        return
-    reason = "no Go toolchain (go on PATH or /usr/local/go/bin/go)"
-    if os.environ.get("STRATAD_REQUIRE_GO", "") not in ("", "0"):
-        pytest.fail(f"STRATAD_REQUIRE_GO is set but there is {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def _run_script(*command: str) -> str:
@@ -66,7 +57,7 @@ def _run_script(*command: str) -> str:
 
 @pytest.fixture(scope="session")
 def h2spec_bin() -> Path:
-    require_go()
+    find_go()
     path = Path(_run_script(str(H2SPEC_SCRIPT), "build").strip().splitlines()[-1])
     assert path.exists() and (path.parent / "h2spec-mtls").exists(), path
     return path
@@ -74,7 +65,7 @@ def h2spec_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def grpc_go_server_bin() -> Path:
-    require_go()
+    find_go()
     out = _run_script(str(INTEROP_TOOLS), "build")
     paths = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     server = Path(paths.get("server", ""))

@@ -18,7 +18,6 @@ STRATAD_REQUIRE_GO is set (CI): then they fail.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any
 import grpc
 import pytest
 import test_service
+from go_toolchain import find_go
 
 from stratad.server.registry import SERVICES
 
@@ -88,19 +88,10 @@ def _params() -> list[Any]:
     return params
 
 
-def _require_go() -> None:
-    if shutil.which("go") or Path("/usr/local/go/bin/go").exists():
-        return
-    reason = "no Go toolchain (go on PATH or /usr/local/go/bin/go)"
-    if os.environ.get("STRATAD_REQUIRE_GO", "") not in ("", "0"):
-        pytest.fail(f"STRATAD_REQUIRE_GO is set but there is {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def interop_tools() -> dict[str, Path]:
     """``scripts/interop-tools.sh build``: client, server, compression, descriptor_set."""
-    _require_go()
+    find_go()
     try:
         built = subprocess.run(
             ["bash", str(INTEROP_TOOLS), "build"],
