@@ -15,6 +15,8 @@
 # outputs use Go's own caches (GOMODCACHE, GOCACHE). Needs only `go` (PATH or
 # /usr/local/go/bin); the first build of buf takes a few minutes.
 set -euo pipefail
+# shellcheck source=lib/go.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go.sh"
 
 # Bump deliberately (`go list -m -json MODULE@latest`), then run
 # `make go-gen` and commit: generated Go code depends on the plugin versions.
@@ -25,21 +27,6 @@ PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 TOOLS=${STRATAD_GO_TOOLS_DIR:-$HOME/.cache/stratad-tools}
 BIN=$TOOLS/bin
 INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-1500}
-
-die() {
-    printf 'go-tools: %s\n' "$*" >&2
-    exit 1
-}
-
-find_go() {
-    if command -v go >/dev/null 2>&1; then
-        command -v go
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        echo /usr/local/go/bin/go
-    else
-        die "no Go toolchain: put go on PATH (or install it in /usr/local/go)"
-    fi
-}
 
 # go install NAME from MODULE@VERSION into $BIN unless the stamp says it is there.
 go_tool() {  # name package version

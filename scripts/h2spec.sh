@@ -30,6 +30,8 @@
 # Gopkg.lock where they exist, and a current golang.org/x/net (h2spec only uses
 # its HTTP/2 framer and HPACK codec, with illegal reads and writes allowed).
 set -euo pipefail
+# shellcheck source=lib/go.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go.sh"
 
 H2SPEC_VERSION=v2.2.1
 # Bump deliberately; the test's expectations (docs/native.md) were made with these.
@@ -51,21 +53,6 @@ DIR=$TOOLS/h2spec-$H2SPEC_VERSION
 BIN=$DIR/bin
 STAMP=$BIN/.version
 INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-1500}
-
-die() {
-    printf 'h2spec.sh: %s\n' "$*" >&2
-    exit 1
-}
-
-find_go() {
-    if command -v go >/dev/null 2>&1; then
-        command -v go
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        echo /usr/local/go/bin/go
-    else
-        die "no Go toolchain: put go on PATH (or install it in /usr/local/go)"
-    fi
-}
 
 write_module() {  # dir
     local work=$1

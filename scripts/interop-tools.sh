@@ -21,6 +21,8 @@
 # (GOMODCACHE, GOCACHE). A cold build (empty Go caches) took 3m20s on a busy
 # 2-core machine, mostly the client; with warm Go caches, about 10s.
 set -euo pipefail
+# shellcheck source=lib/go.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go.sh"
 
 # Bump deliberately (`go list -m -json google.golang.org/grpc@latest`); our two
 # Go programs are built against it too (their go.mod is rewritten to it).
@@ -32,21 +34,6 @@ DIR=$TOOLS/interop-$GRPC_GO_VERSION
 BIN=$DIR/bin
 DESCRIPTOR_SET=$DIR/test_service.pb
 INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-1500}
-
-die() {
-    printf 'interop-tools: %s\n' "$*" >&2
-    exit 1
-}
-
-find_go() {
-    if command -v go >/dev/null 2>&1; then
-        command -v go
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        echo /usr/local/go/bin/go
-    else
-        die "no Go toolchain: put go on PATH (or install it in /usr/local/go)"
-    fi
-}
 
 go_env() {
     export GOFLAGS="-modcacherw -buildvcs=false"

@@ -23,6 +23,8 @@
 # GOTOOLCHAIN=local to forbid that). The first build takes a few minutes; Go's
 # build cache makes a rebuild quick.
 set -euo pipefail
+# shellcheck source=lib/go.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go.sh"
 
 SEAWEEDFS_MODULE=github.com/seaweedfs/seaweedfs
 # Bump deliberately: `go mod download -json github.com/seaweedfs/seaweedfs@latest`.
@@ -37,24 +39,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS=${STRATAD_TOOLS_DIR:-$ROOT/.tools}  # as scripts/check_deploy.sh
 WEED=$TOOLS/bin/weed
 
-die() {
-    printf 's3-test-server: %s\n' "$*" >&2
-    exit 1
-}
-
 usage() {
     sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2
     exit 2
-}
-
-find_go() {
-    if command -v go >/dev/null 2>&1; then
-        command -v go
-    elif [[ -x /usr/local/go/bin/go ]]; then
-        echo /usr/local/go/bin/go
-    else
-        die "no Go toolchain: put go on PATH (or install it in /usr/local/go)"
-    fi
 }
 
 # True when PID is a running weed (a pid file may outlive its process, and
