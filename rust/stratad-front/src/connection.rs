@@ -174,9 +174,9 @@ async fn serve_connection<IO>(
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_concurrent_streams(limits.max_streams_per_connection)
-        .max_pending_accept_reset_streams(limits.max_pending_resets)
         .max_header_list_size(HEADER_LIST_HARD_LIMIT);
-    // max_pending_resets is h2's default (20): raised to 1,024, a rapid-reset
+    // Streams a client may reset before they are taken up stay at h2's
+    // default (20, then GOAWAY): raised to 1,024, a rapid-reset
     // flood (HEADERS + RST_STREAM, 200k pairs) went on uncut and its calls
     // piled up in the event queue (RSS ~1 GB; tests/hostile/test_floods.py),
     // while 400 calls with a 1 ms deadline never reached 20 (test_legit_load.py).

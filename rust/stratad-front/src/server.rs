@@ -48,9 +48,6 @@ pub struct EdgeLimits {
     pub idle_timeout: Duration,
     /// Largest header list (metadata) of a call: RESOURCE_EXHAUSTED above.
     pub max_header_bytes: usize,
-    /// Streams a client may reset before the server has taken them up
-    /// (h2's defence against rapid reset): beyond, GOAWAY.
-    pub max_pending_resets: usize,
     /// Answer bytes not yet read by their clients (answers.rs; 0: no limit).
     pub max_answer_bytes: usize,
 }

@@ -63,8 +63,6 @@ impl NativeFront {
             max_streams_per_connection,
             idle_timeout: Duration::from_secs_f64(idle_timeout),
             max_header_bytes,
-            // h2's default: see rust/stratad-front/src/connection.rs.
-            max_pending_resets: 20,
             max_answer_bytes,
         };
         let config = FrontConfig {
