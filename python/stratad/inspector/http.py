@@ -113,8 +113,17 @@ class HttpServer:
         host, _, port = listen.rpartition(":")
         bind_host = host.removeprefix("[").removesuffix("]")
         try:
+            # A backlog of MAX_CONNECTIONS (asyncio's default is 100): a burst of
+            # connections while the event loop is busy waits in the kernel's
+            # accept queue instead of having its handshakes dropped and retried
+            # seconds later (which CI saw: 300 connections at once, accepted
+            # late, closed long after HEAD_TIMEOUT).
             self._server = await asyncio.start_server(
-                self._accept, bind_host, int(port), limit=MAX_HEAD_BYTES
+                self._accept,
+                bind_host,
+                int(port),
+                limit=MAX_HEAD_BYTES,
+                backlog=MAX_CONNECTIONS,
             )
         except OSError as exc:
             raise HttpStartError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
