@@ -312,5 +312,8 @@ class FrontCall:
         trailers: Sequence[tuple[str, str | bytes]] = ...,
     ) -> bool:
         """End the call (only the first finish counts)."""
+    def reserve_answer(self, size: int) -> str | None:
+        """Hold ``size`` bytes of the answer budget for an answer about to be
+        built; None when admitted, else why not (end the call RESOURCE_EXHAUSTED)."""
     def pull(self) -> None:
         """Ask for the next request message of a stream."""

@@ -226,7 +226,8 @@ def test_answers_a_client_does_not_read_stay_within_the_budget(
 ) -> None:
     """60 LoadStates of a 1 MiB state from a client whose window is 0: once
     its answers hold its share of max_inflight_bytes (1/8), its next calls end
-    RESOURCE_EXHAUSTED instead of queueing; others are served meanwhile."""
+    RESOURCE_EXHAUSTED instead of queueing, before they read the state (the
+    answer is charged before it is built); others are served meanwhile."""
     import os
 
     from stratad.api.v1 import checkpoint_pb2, checkpoint_pb2_grpc
@@ -242,6 +243,14 @@ def test_answers_a_client_does_not_read_stay_within_the_budget(
         save = checkpoint_pb2.SaveStateRequest(session_id="big", data=state)
         checkpoints.SaveState(save, timeout=DEADLINE)
         load = checkpoint_pb2.LoadStateRequest(session_id="big")
+        domain = server.resources.engine.checkpoints
+        read_state, reads = domain._read, []
+
+        def counted_read(*args: Any) -> bytes:
+            reads.append(1)
+            return bytes(read_state(*args))
+
+        domain._read = counted_read
         sock, conn = _zero_window_client(server.target)
         try:
             for _ in range(60):
@@ -265,6 +274,7 @@ def test_answers_a_client_does_not_read_stay_within_the_budget(
                         refused += 1
                 sock.sendall(conn.data_to_send())
             assert refused >= 50, f"only {refused} of 60 unread answers were refused"
+            assert len(reads) <= 60 - refused, f"{len(reads)} states read for {refused} refusals"
             assert front.answer_bytes <= budget // 8 + (1 << 20) + 1024
             # Everyone else is served meanwhile, large answers included.
             assert checkpoints.LoadState(load, timeout=DEADLINE).data == state

@@ -18,6 +18,7 @@ import functools
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -439,7 +440,12 @@ class Checkpoints:
         namespace: str = "",
         *,
         include_structured: bool = False,
+        before_read: Callable[[int], None] | None = None,
     ) -> LoadResult:
+        """The state of a checkpoint (the latest of ``namespace`` by default).
+        ``before_read`` is called with the bytes about to be read (the state,
+        and its structured capture if asked) before any is read: it may raise
+        to refuse the load (the answer budget, server/front.py)."""
         live = self.sessions.live(tenant, session_id)
         with live.lock:
             check_usable(live)
@@ -455,6 +461,9 @@ class Checkpoints:
                     raise NotFoundError(f"session {session_id!r} has no saved state")
             version = live.state.version
             live.accessed_at = time.time()  # a read keeps the session from expiring
+        if before_read is not None:
+            structured_size = cp.structured["size"] if include_structured and cp.structured else 0
+            before_read(cp.size + structured_size)
         structured = self._read_structured(live, cp) if include_structured else b""
         return LoadResult(self._read(live, cp), cp, version, structured)
 

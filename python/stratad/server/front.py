@@ -38,6 +38,7 @@ import grpc.aio
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from stratad.errors import ResourceExhaustedError
 from stratad.native import NativeFront
 from stratad.server.tls import CertificateFiles
 
@@ -228,6 +229,15 @@ class FrontContext:
 
     def disable_next_message_compression(self) -> None:
         self._compress_next = False
+
+    def reserve_answer(self, size: int) -> None:
+        """Hold ``size`` bytes of the answer budget for an answer about to be built
+        (rust/stratad-front/src/answers.rs), until it is handed over; raises
+        ResourceExhaustedError when this connection's unread answers and
+        answers being built already hold its share. Safe from any thread."""
+        refused = self._call.reserve_answer(size)
+        if refused is not None:
+            raise ResourceExhaustedError(refused, reason="ANSWERS_UNREAD")
 
     def request_compressed(self) -> bool:
         """Whether the request message last read arrived compressed (not in grpc.aio)."""

@@ -122,6 +122,7 @@ impl CallAnswers {
 }
 
 /// An answer's place in the budget, released when dropped.
+#[derive(Debug)]
 pub(crate) struct Charge {
     size: usize,
     call: Arc<CallAnswers>,

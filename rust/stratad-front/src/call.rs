@@ -79,6 +79,9 @@ pub struct CallHandle {
     compress: AtomicBool,
     /// Its answers not yet written to the socket (answers.rs).
     pub(crate) answers: Arc<CallAnswers>,
+    /// What `reserve_answer` charged for an answer being built: given back
+    /// when that answer (or the status) is handed over, or the call ends.
+    reserved: Mutex<Option<Charge>>,
 }
 
 impl CallHandle {
@@ -105,7 +108,29 @@ impl CallHandle {
             finished: AtomicBool::new(false),
             compress: AtomicBool::new(false),
             answers,
+            reserved: Mutex::new(None),
         }
+    }
+
+    /// Charge `size` bytes of answer before the handler builds it: a handler
+    /// that knows how large its answer will be (a loaded state) holds the
+    /// memory it is about to take within the answer budget, under the same
+    /// rules as answers handed over (answers.rs): a connection whose unread
+    /// answers and answers being built hold its share gets the status to end
+    /// the call with (RESOURCE_EXHAUSTED: its message), before anything is
+    /// built. Replaces an earlier reservation.
+    pub fn reserve_answer(&self, size: usize) -> Result<(), String> {
+        self.release_reservation();
+        let charge = self.answers.charge(size).map_err(|status| status.message)?;
+        *self.reserved.lock().unwrap_or_else(PoisonError::into_inner) = Some(charge);
+        Ok(())
+    }
+
+    fn release_reservation(&self) {
+        self.reserved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 
     /// Compress the answers (with the best encoding the client accepts; none:
@@ -139,6 +164,7 @@ impl CallHandle {
         if self.is_finished() {
             return false;
         }
+        self.release_reservation();
         match self.answers.charge(message.len()) {
             Ok(charge) => self
                 .out
@@ -163,6 +189,7 @@ impl CallHandle {
         if self.finished.swap(true, Ordering::AcqRel) {
             return false;
         }
+        self.release_reservation();
         let mut status = Status {
             code,
             message: text,
@@ -195,6 +222,7 @@ impl CallHandle {
     /// Mark over without a status sent by the daemon (the server answered it
     /// itself: deadline, bad request frame, or the client went away).
     pub(crate) fn close(&self) -> bool {
+        self.release_reservation();
         !self.finished.swap(true, Ordering::AcqRel)
     }
 
@@ -286,5 +314,50 @@ impl EventQueue {
     /// The descriptor to watch for events (readable: call `take`).
     pub fn wake_fd(&self) -> RawFd {
         self.wake_rx.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answers::{AnswerBudget, ConnectionAnswers};
+
+    fn call(connection: &Arc<ConnectionAnswers>) -> (CallHandle, mpsc::UnboundedReceiver<Out>) {
+        let (out, sent) = mpsc::unbounded_channel();
+        let peer = Arc::new(Peer {
+            address: "ipv4:127.0.0.1:1".into(),
+            certificate: None,
+        });
+        let answers = CallAnswers::new(connection.clone());
+        let handle = CallHandle::new(1, "/m".into(), vec![], peer, None, out, None, answers);
+        (handle, sent)
+    }
+
+    #[test]
+    fn a_reserved_answer_holds_the_connections_share_until_it_is_handed_over() {
+        let budget = AnswerBudget::new(800);
+        let connection = ConnectionAnswers::new(budget.clone());
+        let (building, mut sent) = call(&connection);
+        let (other, _) = call(&connection);
+        building.reserve_answer(300).expect("alone: admitted");
+        assert_eq!(budget.in_use(), 300);
+        let refused = other
+            .reserve_answer(1)
+            .expect_err("over the connection's share");
+        assert!(refused.contains("read them first"), "{refused}");
+        // Handing the answer over gives the reservation back and charges the answer.
+        assert!(building.finish(
+            Some(Bytes::from_static(b"answer")),
+            0,
+            String::new(),
+            vec![]
+        ));
+        assert_eq!(budget.in_use(), 6);
+        drop(sent.try_recv());
+        assert_eq!(budget.in_use(), 0);
+        // A call that ends without an answer gives its reservation back too.
+        other.reserve_answer(50).expect("the share is free again");
+        assert!(other.close());
+        assert_eq!(budget.in_use(), 0);
     }
 }

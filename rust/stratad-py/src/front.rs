@@ -266,6 +266,13 @@ impl FrontCall {
         Ok(py.detach(|| self.handle.finish(response, code, message, trailers)))
     }
 
+    /// Hold `size` bytes of the answer budget for an answer about to be
+    /// built (given back when an answer or the status is handed over). None
+    /// when admitted, else why not: the call should end RESOURCE_EXHAUSTED.
+    fn reserve_answer(&self, size: usize) -> Option<String> {
+        self.handle.reserve_answer(size).err()
+    }
+
     /// Ask for the next request message of a stream.
     fn pull(&self) {
         self.handle.pull();

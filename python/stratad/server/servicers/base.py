@@ -36,6 +36,19 @@ def tenant_of(context: grpc.aio.ServicerContext) -> str:
     return requested_tenant(context.invocation_metadata()) or DEFAULT_TENANT
 
 
+def answer_admission(context: grpc.aio.ServicerContext) -> Callable[[int], None]:
+    """What a handler calls with its answer's size before building a large
+    answer: the native front door holds that much of its answer budget for the
+    call, or refuses it RESOURCE_EXHAUSTED (FrontContext.reserve_answer).
+    Without the front door (grpc.aio) nothing is held."""
+    reserve: Callable[[int], None] | None = getattr(context, "reserve_answer", None)
+    return reserve if reserve is not None else _admit_any
+
+
+def _admit_any(size: int) -> None:
+    del size
+
+
 class Servicer:
     def __init__(self, resources: Resources) -> None:
         self.resources = resources

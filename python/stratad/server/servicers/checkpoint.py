@@ -13,7 +13,7 @@ from stratad.domain.checkpoints import ChunkUpload, SaveInput
 from stratad.domain.models import Checkpoint, SessionStatus
 from stratad.domain.writes import PruneStrategy, PutWritesResult, WriteInput, pending_writes
 from stratad.errors import InvalidArgumentError, StratadError
-from stratad.server.servicers.base import Servicer, tenant_of
+from stratad.server.servicers.base import Servicer, answer_admission, tenant_of
 from stratad.server.servicers.convert import (
     checkpoint_to_pb,
     load_to_pb,
@@ -29,6 +29,11 @@ MAX_BATCH = 64
 #: compression, so they go to a thread. The work of a chunked upload is what
 #: it declares, less what its digest check can skip (Checkpoints.save_work).
 INLINE_SAVE_BYTES = 128 << 10
+#: A loaded state is in memory about this many times while its answer is built:
+#: the bytes read, the response message's copy, the encoded answer. LoadState
+#: holds that much of the answer budget from before the read until it hands
+#: the answer over (docs/limits.md).
+ANSWER_COPIES = 3
 
 
 async def _pump(
@@ -120,6 +125,7 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def LoadState(
         self, request: checkpoint_pb2.LoadStateRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.LoadStateResponse:
+        admit = answer_admission(context)
         result = await self.run(
             self.engine.checkpoints.load_state,
             tenant_of(context),
@@ -127,6 +133,7 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             request.checkpoint_id,
             request.namespace,
             include_structured=request.include_structured,
+            before_read=lambda size: admit(ANSWER_COPIES * size),
         )
         response = load_to_pb(result)
         _add_writes(response.checkpoint, result.checkpoint, request.include_writes)
