@@ -10,7 +10,9 @@ gRPC's own cost. One run measures, with the same 16-client unary load
   made of one Python gRPC server per core could do, since each process pays
   the same grpc.aio cost per call;
 - stratad SaveState with ``front = python`` (grpc.aio serves the port);
-- stratad SaveState with ``front = native`` (rust/stratad-front serves it).
+- stratad SaveState with ``front = native`` (rust/stratad-front serves it);
+- the same over the daemon's unix socket (``listen_unix``), whose header
+  blocks pass the front door's relay (rust/stratad-front/src/unix.rs).
 
 Besides calls/s it reports the CPU time each side spends per call (server:
 the daemon's or echo processes' user+system time; client: this process's),
@@ -157,6 +159,16 @@ def bench(per_client: int) -> list[Row]:
                     stratad_run(address, per_client),
                 )
             )
+    with tempfile.TemporaryDirectory() as tmp:
+        unix = f"unix:{tmp}/stratad.sock"
+        with daemon_process(Path(tmp) / "data", "--listen-unix", unix) as (_, proc):
+            rows.append(
+                measure(
+                    "stratad SaveState, front = native, unix socket",
+                    [proc.pid],
+                    stratad_run(unix, per_client),
+                )
+            )
     return rows
 
 
@@ -225,8 +237,8 @@ The choice: the native front door (rust/stratad-front, docs/design.md).
 It takes HTTP/2 and gRPC framing off the GIL, which is where a grpc.aio
 server spends most of its CPU per call, while the daemon keeps one process,
 one store and one set of handlers: the same servicers and interceptors run
-on the event loop, fed in batches. It serves TCP by default (`front = auto`);
-TLS listeners stay on grpc.aio (`front = python`)."""
+on the event loop, fed in batches. It serves every listener by default
+(`front = auto`): TCP, TLS, mTLS and unix sockets."""
 
 
 if __name__ == "__main__":

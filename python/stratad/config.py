@@ -122,10 +122,9 @@ class Config:
 
     @property
     def native_front(self) -> bool:
-        """Whether the native front door serves the TCP listen address."""
-        if self.front == "auto":
-            return not self.is_unix_socket
-        return self.front == "native"
+        """Whether the native front door serves the listeners (TCP, TLS and
+        unix sockets alike); ``front = python``: grpc.aio does."""
+        return self.front != "python"
 
     @property
     def plaintext_exposed(self) -> bool:
@@ -150,8 +149,6 @@ def _check_security(config: Config) -> None:
         raise ConfigError(
             f"auth = {config.auth!r} identifies clients by certificate: set tls_client_ca_file"
         )
-    if config.front == "native" and config.is_unix_socket:
-        raise ConfigError("front = 'native' serves a TCP listen address, not a unix socket")
     if config.encryption_old_key_files and config.encryption != "on":
         raise ConfigError("encryption_old_key_files (key rotation) needs encryption = on")
     if config.plaintext_exposed and not config.allow_insecure:
@@ -441,10 +438,10 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "front",
         _choice(*FRONT_MODES),
-        "who serves gRPC on the TCP listen address, plaintext or TLS: native (the "
-        "Rust front door: HTTP/2 and gRPC framing off the Python GIL, every call "
-        "served there, docs/design.md), python (grpc.aio) or auto (native; unix "
-        "sockets are served by grpc.aio)",
+        "who serves gRPC on every listener (TCP plaintext or TLS, unix sockets): "
+        "native (the Rust front door: HTTP/2 and gRPC framing off the Python GIL, "
+        "the edge limits of docs/security.md, docs/design.md), python (grpc.aio, "
+        "without those limits) or auto (native)",
         "MODE",
     ),
     Option(

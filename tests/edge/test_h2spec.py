@@ -317,19 +317,7 @@ def tls_credentials(pki: Pki, client: Issued | None = None) -> grpc.ChannelCrede
     )
 
 
-@pytest.mark.parametrize(
-    "listener",
-    [
-        *(k for k in LISTENERS if k != "unix"),
-        pytest.param(
-            "unix",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the unix socket is still served by grpc.aio: ~65 cases beyond grpc-go",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("listener", LISTENERS)
 def test_h2spec_failures_are_those_of_grpc_go(
     listener: str,
     h2spec_bin: Path,

@@ -52,17 +52,9 @@ LISTENERS = ["tcp", "tls", "mtls", "unix"]
 
 #: What is still open (issue: one hardened front door), each case expected to
 #: fail until it is fixed; strict: a case that starts passing fails the run
-#: until its line is removed here. (test name, listener) -> why.
-GRPC_AIO_UNIX = "the unix socket is still served by grpc.aio, which has no edge limits"
-KNOWN_OPEN: dict[tuple[str, str], str] = {
-    ("test_unread_load_state_answers_stay_within_the_memory_bound", "unix"): GRPC_AIO_UNIX,
-    ("test_a_bad_header_on_a_forwarded_call_does_not_poison_other_clients", "unix"): (
-        GRPC_AIO_UNIX
-    ),
-    ("test_calls_without_their_request_end_at_their_deadline", "unix"): GRPC_AIO_UNIX,
-    ("test_floods_are_cut_off", "unix"): GRPC_AIO_UNIX,
-    ("test_idle_connections_do_not_exhaust_descriptors", "unix"): GRPC_AIO_UNIX,
-}
+#: until its line is removed here. (test name, listener) -> why. Empty: every
+#: listener, the unix socket included, is served by the native front door.
+KNOWN_OPEN: dict[tuple[str, str], str] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -63,7 +63,10 @@ COMPRESSION_CASES = (
     "client_compressed_streaming",
     "server_compressed_streaming",
 )
-FRONTS = ("native", "python")
+#: native-unix: the native front door's unix socket listener (listen_unix), which
+#: the client dials as unix:PATH (grpc-go sends "localhost" as :authority there;
+#: grpcio's socket path is tested in tests/hostile and tests/grpc).
+FRONTS = ("native", "native-unix", "python")
 
 #: Cases a front cannot pass, and why (strict: one that starts passing fails
 #: the run, so that this list is corrected).
@@ -113,7 +116,10 @@ def interop_tools() -> dict[str, Path]:
     return tools
 
 
-def run_case(tools: dict[str, Path], port: int, case: str) -> subprocess.CompletedProcess[str]:
+def run_case(
+    tools: dict[str, Path], target: tuple[str, int], case: str
+) -> subprocess.CompletedProcess[str]:
+    """One client run against ``target``: (host, port), or (unix:PATH, 0)."""
     client = tools["compression"] if case in COMPRESSION_CASES else tools["client"]
     env = {
         **os.environ,
@@ -125,8 +131,8 @@ def run_case(tools: dict[str, Path], port: int, case: str) -> subprocess.Complet
     }
     command = [
         str(client),
-        "--server_host=127.0.0.1",
-        f"--server_port={port}",
+        f"--server_host={target[0]}",
+        f"--server_port={target[1]}",
         f"--test_case={case}",
     ]
     try:
@@ -149,18 +155,24 @@ def test_interop_case(
     case: str,
     interop_tools: dict[str, Path],
     inprocess_server: Callable[..., Any],
+    tmp_path: Path,
 ) -> None:
     service = test_service.registration(interop_tools["descriptor_set"])
-    server = inprocess_server(services=[*SERVICES, service], front=front)
-    port = int(server.target.rpartition(":")[2])
-    result = run_case(interop_tools, port, case)
+    if front == "native-unix":
+        socket_path = f"unix:{tmp_path / 's.sock'}"
+        inprocess_server(services=[*SERVICES, service], front="native", listen_unix=socket_path)
+        target = (socket_path, 0)
+    else:
+        server = inprocess_server(services=[*SERVICES, service], front=front)
+        target = ("127.0.0.1", int(server.target.rpartition(":")[2]))
+    result = run_case(interop_tools, target, case)
     assert result.returncode == 0, (
         f"{case} against front={front} exited with {result.returncode}:\n"
         f"{result.stdout}{result.stderr}"
     )
 
 
-@pytest.mark.parametrize("front", FRONTS)
+@pytest.mark.parametrize("front", ("native", "python"))
 def test_what_no_interop_case_calls(
     front: str, interop_tools: dict[str, Path], inprocess_server: Callable[..., Any]
 ) -> None:

@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import resource
 import signal
 import socket
+import stat
 import sys
 import threading
 from asyncio import FIRST_COMPLETED
@@ -218,10 +220,10 @@ async def _start(
         auth_interceptor(config.auth, config.auth_tokens_file),
     ]
     listen = [config.listen, *([config.listen_unix] if config.listen_unix else [])]
-    # The native front door serves TCP (plaintext or TLS); grpc.aio serves unix
-    # sockets (and TCP with front = python), or nothing, and then there is no
+    # The native front door serves every listener (TCP plaintext or TLS, unix
+    # sockets); grpc.aio serves them only with front = python, else there is no
     # grpc.aio server: the recorder only notes the handlers (server/front.py).
-    native = [a for a in listen if config.native_front and not a.startswith("unix:")]
+    native = [a for a in listen if config.native_front]
     served_by_aio = [a for a in listen if a not in native]
     server = _grpc_aio_server(config, interceptors) if served_by_aio else None
     recorder = MethodRecorder(server)
@@ -253,6 +255,9 @@ async def _start(
         if server is not None:
             await server.start()
         if native:
+            for address in native:
+                if address.startswith("unix:"):
+                    _clear_unix_socket(address)
             front = _start_front(config, native, recorder, interceptors, tls)
             bound.update(zip(native, map(_served_address, native, front.ports), strict=True))
     except BaseException:
@@ -368,6 +373,8 @@ def edge_limits(config: Config) -> EdgeLimits:
 
 def _served_address(listen: str, port: int) -> str:
     """The address clients dial: ``listen`` with the port actually bound."""
+    if listen.startswith("unix:"):
+        return listen
     return f"{listen.rpartition(':')[0]}:{port}"
 
 
@@ -448,12 +455,26 @@ def _warn_if_exposed(config: Config) -> None:
         )
 
 
+def _unix_path(listen: str) -> str:
+    path = listen.removeprefix("unix:")
+    return path[2:] if path.startswith("//") else path  # unix:///abs/path
+
+
+def _clear_unix_socket(listen: str) -> None:
+    """Remove the socket a daemon that is gone left at ``listen``'s path (as
+    gRPC does before binding), after making sure no daemon serves on it; any
+    other kind of file stays, and binding then fails naming the path."""
+    _refuse_live_unix_socket(listen)
+    path = _unix_path(listen)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
 def _refuse_live_unix_socket(listen: str) -> None:
     # gRPC unlinks whatever sits at a unix socket path before binding, which
     # would silently steal the socket of a daemon still running there.
-    path = listen.removeprefix("unix:")
-    if path.startswith("//"):  # unix:///abs/path
-        path = path[2:]
+    path = _unix_path(listen)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
             probe.connect(path)

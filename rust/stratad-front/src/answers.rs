@@ -176,7 +176,7 @@ mod tests {
         );
         let call = CallAnswers::new(a);
         let alone = call.charge(500).expect("an answer alone is admitted");
-        let refused = call.charge(1).err().expect("over the connection's share");
+        let refused = call.charge(1).expect_err("over the connection's share");
         assert_eq!(refused.code, Code::ResourceExhausted as u32);
         // Another connection is not held up by this one's share.
         let other = CallAnswers::new(b);

@@ -23,9 +23,9 @@ const STREAM_WINDOW: u32 = 1 << 20;
 const CONNECTION_WINDOW: u32 = 8 << 20;
 /// A client has this long from connecting to finishing its TLS handshake,
 /// or to sending the HTTP/2 connection preface on plaintext.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What every HTTP/2 client sends first.
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// How long an idle connection told GOAWAY has to acknowledge it (h2 waits
 /// for a PING round trip) before it is cut: a client that never reads must
 /// not keep its descriptor.
@@ -114,7 +114,8 @@ async fn preface_arrives(io: &TcpStream) -> bool {
     }
 }
 
-async fn refuse(io: &TcpStream) {
+/// An empty SETTINGS (the server's preface), then a GOAWAY saying why.
+pub(crate) fn goaway_not_http2() -> Vec<u8> {
     const DEBUG: &[u8] = b"not an HTTP/2 connection preface: this port serves gRPC";
     let mut frames = vec![0, 0, 0, 4, 0, 0, 0, 0, 0]; // SETTINGS, empty
     let length = (8 + DEBUG.len()) as u32;
@@ -122,6 +123,11 @@ async fn refuse(io: &TcpStream) {
     frames.extend_from_slice(&[7, 0, 0, 0, 0, 0]); // GOAWAY, stream 0
     frames.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 1]); // last stream 0, PROTOCOL_ERROR
     frames.extend_from_slice(DEBUG);
+    frames
+}
+
+async fn refuse(io: &TcpStream) {
+    let frames = goaway_not_http2();
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         let mut written = 0;
         while written < frames.len() {
@@ -146,7 +152,7 @@ async fn refuse(io: &TcpStream) {
     .await;
 }
 
-async fn serve_connection<IO>(
+pub(crate) async fn serve_connection<IO>(
     io: IO,
     peer: Arc<Peer>,
     open: OpenConnection,

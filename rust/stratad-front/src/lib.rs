@@ -26,6 +26,7 @@ mod grpc;
 mod rpc;
 mod server;
 mod tls;
+mod unix;
 
 pub use call::{CallHandle, Event, EventKind, EventQueue, MetadataValue, Peer};
 pub use client::{Target, UnaryClient, UnaryReply};

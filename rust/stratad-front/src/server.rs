@@ -7,23 +7,23 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
 
 use crate::answers::AnswerBudget;
 use crate::call::EventQueue;
 use crate::connection::{serve_accepted, OpenConnection};
 use crate::tls::{Certificates, TlsFiles};
+use crate::unix::serve_unix;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub struct FrontConfig {
-    /// Where to listen: `host:port` each (port 0: any free port). Not unix
-    /// sockets: grpc-core and grpc-java clients send a unix socket's path as
-    /// `:authority`, which h2 refuses as malformed (hyperium/h2#487), so the
-    /// daemon serves those with grpc.aio.
+    /// Where to listen: `host:port` (port 0: any free port) or `unix:PATH`
+    /// (the path must not exist; always plaintext: who may connect is a
+    /// matter of the socket file's permissions; unix.rs).
     pub listen: Vec<String>,
-    /// Serve TLS (mTLS with a client CA) on every listener; None: plaintext.
+    /// Serve TLS (mTLS with a client CA) on every TCP listener; None: plaintext.
     pub tls: Option<TlsFiles>,
     /// Every method served, `/package.Service/Method`, with whether its
     /// requests are a stream (client or bidi streaming). Others are
@@ -95,7 +95,7 @@ impl Front {
         };
         let ports = listeners
             .iter()
-            .map(|l| l.local_addr().map(|a| a.port()))
+            .map(Listener::port)
             .collect::<std::io::Result<Vec<_>>>()?;
         let tls = config
             .tls
@@ -141,7 +141,7 @@ impl Front {
             .map_or(0, |tls| tls.reloads.load(Ordering::Relaxed))
     }
 
-    /// The port of each listener, in the order given.
+    /// The port of each listener, in the order given (0 for a unix socket).
     pub fn ports(&self) -> &[u16] {
         &self.ports
     }
@@ -172,36 +172,80 @@ impl Drop for Front {
     }
 }
 
-fn bind(address: &str) -> std::io::Result<TcpListener> {
-    let listener = std::net::TcpListener::bind(address)?;
-    listener.set_nonblocking(true)?;
-    TcpListener::from_std(listener)
+enum Listener {
+    Tcp(TcpListener),
+    /// With its path, which is each of its clients' peer (`unix:PATH`).
+    Unix(UnixListener, String),
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    mut stopped: watch::Receiver<bool>,
-) {
+impl Listener {
+    fn port(&self) -> std::io::Result<u16> {
+        match self {
+            Listener::Tcp(listener) => listener.local_addr().map(|a| a.port()),
+            Listener::Unix(..) => Ok(0),
+        }
+    }
+}
+
+fn bind(address: &str) -> std::io::Result<Listener> {
+    if let Some(path) = address.strip_prefix("unix:") {
+        // unix:///abs/path and unix:/abs/path name the same file, as in gRPC.
+        let path = path.strip_prefix("//").unwrap_or(path);
+        return Ok(Listener::Unix(
+            UnixListener::bind(path)?,
+            format!("unix:{path}"),
+        ));
+    }
+    let listener = std::net::TcpListener::bind(address)?;
+    listener.set_nonblocking(true)?;
+    Ok(Listener::Tcp(TcpListener::from_std(listener)?))
+}
+
+async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            accepted = accept(&listener) => accepted,
             _ = stopped.changed() => return,
         };
-        match accepted {
-            Ok((io, peer)) => {
-                let max = shared.limits.max_connections;
-                if max > 0 && shared.connections.load(Ordering::Acquire) >= max {
-                    // Closed at once: the descriptors and memory of the
-                    // connections already open stay theirs.
-                    continue;
-                }
-                let _ = io.set_nodelay(true);
-                let open = OpenConnection::count(&shared);
-                tokio::spawn(serve_accepted(io, tcp_peer(peer), open, stopped.clone()));
-            }
+        let Ok(connection) = accepted else {
             // EMFILE and friends: wait a little rather than spin.
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let max = shared.limits.max_connections;
+        if max > 0 && shared.connections.load(Ordering::Acquire) >= max {
+            // Closed at once: the descriptors and memory of the connections
+            // already open stay theirs.
+            continue;
+        }
+        let open = OpenConnection::count(&shared);
+        let stopped = stopped.clone();
+        match connection {
+            Accepted::Tcp(io, peer) => {
+                let _ = io.set_nodelay(true);
+                tokio::spawn(serve_accepted(io, tcp_peer(peer), open, stopped));
+            }
+            Accepted::Unix(io, peer) => {
+                tokio::spawn(serve_unix(io, peer, open, stopped));
+            }
+        }
+    }
+}
+
+enum Accepted {
+    Tcp(TcpStream, SocketAddr),
+    Unix(UnixStream, String),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
+    match listener {
+        Listener::Tcp(listener) => {
+            let (io, peer) = listener.accept().await?;
+            Ok(Accepted::Tcp(io, peer))
+        }
+        Listener::Unix(listener, path) => {
+            let (io, _) = listener.accept().await?;
+            Ok(Accepted::Unix(io, path.clone()))
         }
     }
 }

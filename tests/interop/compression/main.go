@@ -32,6 +32,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -50,8 +51,8 @@ import (
 )
 
 var (
-	serverHost = flag.String("server_host", "localhost", "the server host name")
-	serverPort = flag.Int("server_port", 10000, "the server port number")
+	serverHost = flag.String("server_host", "localhost", "the server host name (with port 0: a target, e.g. unix:PATH)")
+	serverPort = flag.Int("server_port", 10000, "the server port number (0: server_host is the whole target)")
 	testCase   = flag.String("test_case", "", "client_compressed_unary, server_compressed_unary, "+
 		"client_compressed_streaming or server_compressed_streaming")
 	timeout = flag.Duration("timeout", 10*time.Second, "deadline of the whole test case")
@@ -82,7 +83,11 @@ func zeros(n int) *testpb.Payload {
 
 func main() {
 	flag.Parse()
-	address := net.JoinHostPort(*serverHost, strconv.Itoa(*serverPort))
+	// As grpc-go's interop client: port 0 dials server_host as it is.
+	address := *serverHost
+	if *serverPort != 0 {
+		address = net.JoinHostPort(*serverHost, strconv.Itoa(*serverPort))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -248,7 +253,11 @@ func grpcFrame(flag byte, message []byte) []byte {
 // HTTP/2 connection, sending body (already framed) and half-closing; it
 // returns grpc-status, grpc-message and the one response message.
 func rawCall(address, path string, body []byte, deadline time.Time) (code, message string, reply []byte, err error) {
-	conn, err := net.DialTimeout("tcp", address, time.Until(deadline))
+	network, dial := "tcp", address
+	if path, ok := strings.CutPrefix(address, "unix:"); ok {
+		network, dial = "unix", path
+	}
+	conn, err := net.DialTimeout(network, dial, time.Until(deadline))
 	if err != nil {
 		return "", "", nil, err
 	}
