@@ -292,16 +292,25 @@ def test_client_cancel_ends_the_call_and_serving_goes_on(native: Any) -> None:
 
 
 def test_concurrent_call_limit(inprocess_server: Callable[..., Any]) -> None:
+    """With every slot taken, a call waits for one (up to 1 s, rpc.rs SLOT_WAIT):
+    refused RESOURCE_EXHAUSTED if none frees by then, served if one does."""
     server = inprocess_server(SERVICES, max_concurrent_rpcs=1)
     channel, sessions, checkpoints = _stubs(server.target)
     with channel:
         sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="l"), timeout=DEADLINE)
-        undo = _slow_commits(server, 1.0)
+        undo = _slow_commits(server, 4.0)
         try:
             first = _save_in_flight(checkpoints, "l")
             with pytest.raises(grpc.RpcError) as caught:
                 _save(checkpoints, "l", b"{}")
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert first.result().checkpoint_id
+        finally:
+            undo()
+        undo = _slow_commits(server, 0.5)
+        try:
+            first = _save_in_flight(checkpoints, "l")  # holds the slot ~0.2 s more
+            assert _save(checkpoints, "l", b"{}").checkpoint_id  # waited, then served
             assert first.result().checkpoint_id
         finally:
             undo()

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
@@ -14,7 +14,7 @@ use http_body::Frame;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Sleep;
 
 use crate::answers::{CallAnswers, ConnectionAnswers, STREAM_ANSWER_WINDOW};
@@ -94,7 +94,7 @@ async fn serve(
         let message = within(deadline, reader.next()).await??;
         Some(message.ok_or_else(|| Status::new(Code::Internal, "missing request message"))?)
     };
-    let slot = Slot::take(shared)?;
+    let slot = Slot::take(shared, deadline).await?;
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let (pull_tx, pull_rx) = mpsc::unbounded_channel();
     let call = Arc::new(CallHandle::new(
@@ -159,27 +159,40 @@ fn deadline_exceeded() -> Status {
     Status::new(Code::DeadlineExceeded, "Deadline Exceeded")
 }
 
-/// A call's place in `max_concurrent_calls`, given back on drop.
-struct Slot(Arc<Shared>);
+/// How long a call may wait for one of `max_concurrent_calls` before it is
+/// refused. A burst of calls that end at once (refused by a limit, or
+/// answered) frees its slots within milliseconds: refusing every call that
+/// arrives meanwhile failed other clients' health checks and saves
+/// (tests/hostile/test_unread_answers.py: 600 LoadStates from clients that
+/// never read). Waiting calls hold no more than they already held (their
+/// request has arrived; a stream's are not read yet), and take slots in the
+/// order they came (tokio's semaphore is fair).
+const SLOT_WAIT: Duration = Duration::from_secs(1);
 
-impl Slot {
-    fn take(shared: &Arc<Shared>) -> Result<Slot, Status> {
-        let before = shared.in_progress.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot(shared.clone());
-        if shared.max_concurrent_calls == 0 || before < shared.max_concurrent_calls {
-            Ok(slot)
-        } else {
-            Err(Status::new(
-                Code::ResourceExhausted,
-                "Concurrent RPC limit exceeded!",
-            ))
-        }
-    }
+/// A call's place in `max_concurrent_calls` (None: no limit), given back on drop.
+struct Slot {
+    _permit: Option<OwnedSemaphorePermit>,
 }
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.in_progress.fetch_sub(1, Ordering::AcqRel);
+impl Slot {
+    async fn take(shared: &Arc<Shared>, deadline: Option<Instant>) -> Result<Slot, Status> {
+        let Some(slots) = &shared.slots else {
+            return Ok(Slot { _permit: None });
+        };
+        let give_up = Instant::now() + SLOT_WAIT;
+        let give_up = deadline.map_or(give_up, |deadline| deadline.min(give_up));
+        match tokio::time::timeout_at(give_up.into(), slots.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(Slot {
+                _permit: Some(permit),
+            }),
+            _ if deadline.is_some_and(|deadline| deadline <= Instant::now()) => {
+                Err(deadline_exceeded())
+            }
+            _ => Err(Status::new(
+                Code::ResourceExhausted,
+                "Concurrent RPC limit exceeded!",
+            )),
+        }
     }
 }
 

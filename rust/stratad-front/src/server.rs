@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use crate::answers::AnswerBudget;
 use crate::call::EventQueue;
@@ -58,9 +58,9 @@ pub(crate) struct Shared {
     pub methods: HashMap<String, bool>,
     pub queue: Arc<EventQueue>,
     pub max_message_bytes: usize,
-    pub max_concurrent_calls: usize,
+    /// One permit per call in progress, `max_concurrent_calls` of them (None: no limit).
+    pub slots: Option<Arc<Semaphore>>,
     pub limits: EdgeLimits,
-    pub in_progress: AtomicUsize,
     /// Open client connections: shutdown waits for them to finish their calls.
     pub connections: AtomicUsize,
     pub next_id: AtomicU64,
@@ -109,9 +109,9 @@ impl Front {
             methods: config.methods.into_iter().collect(),
             queue: queue.clone(),
             max_message_bytes: config.max_message_bytes,
-            max_concurrent_calls: config.max_concurrent_calls,
+            slots: (config.max_concurrent_calls > 0)
+                .then(|| Arc::new(Semaphore::new(config.max_concurrent_calls))),
             limits: config.limits,
-            in_progress: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
         });
