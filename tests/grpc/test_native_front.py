@@ -38,6 +38,7 @@ from stratad.api.v1 import (
 )
 from stratad.config import Config
 from stratad.server import front
+from stratad.server.app import ServerStartError
 from stratad.server.registry import SERVICES
 from stratad.server.servicers.checkpoint import INLINE_SAVE_BYTES
 
@@ -543,6 +544,25 @@ def test_the_unix_socket_beside_the_front_door_serves_every_call(
         request = checkpoint_pb2.LoadStateRequest(session_id="u")
         loaded = checkpoint_pb2_grpc.CheckpointServiceStub(tcp).LoadState(request, timeout=DEADLINE)
         assert loaded.data == b'{"over": "unix"}'
+
+
+def test_the_unix_socket_file_is_replaced_when_stale_and_removed_at_stop(
+    inprocess_server: Callable[..., Any], tmp_path: Any
+) -> None:
+    """A socket left by a daemon that was killed is replaced at start; the file
+    goes when the daemon stops; any other file at the path is never removed."""
+    path = tmp_path / "stratad.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))  # bound, not listening: what a SIGKILLed daemon leaves
+    stale.close()
+    server = inprocess_server(SERVICES, listen_unix=f"unix:{path}")
+    _healthy(f"unix:{path}")
+    server.stop(grace=0)
+    assert not path.exists()
+    path.write_text("not a socket")
+    with pytest.raises(ServerStartError, match=str(path)):
+        inprocess_server(SERVICES, listen_unix=f"unix:{path}")
+    assert path.read_text() == "not a socket"
 
 
 def test_no_private_socket_is_left_behind(

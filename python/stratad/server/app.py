@@ -292,6 +292,9 @@ async def _start(
     )
     for domain in barrier_users:
         stratad_server.on_stop(functools.partial(setattr, domain, "loop_barrier", lambda: None))
+    for address in native:
+        if address.startswith("unix:"):
+            stratad_server.on_stop(_unix_socket_remover(address))
     return stratad_server
 
 
@@ -469,6 +472,20 @@ def _clear_unix_socket(listen: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
+
+
+def _unix_socket_remover(listen: str) -> Callable[[], None]:
+    """What removes the socket file the front door bound at ``listen`` once the
+    daemon stops (as grpc.aio did), unless another file has taken its place."""
+    path = _unix_path(listen)
+    bound = os.stat(path).st_ino
+
+    def remove() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(path).st_ino == bound:
+                os.unlink(path)
+
+    return remove
 
 
 def _refuse_live_unix_socket(listen: str) -> None:

@@ -187,7 +187,13 @@ impl Listener {
     }
 }
 
+/// Listen on `address`; an error names it (of several listeners, which one failed).
 fn bind(address: &str) -> std::io::Result<Listener> {
+    bind_listener(address)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))
+}
+
+fn bind_listener(address: &str) -> std::io::Result<Listener> {
     if let Some(path) = address.strip_prefix("unix:") {
         // unix:///abs/path and unix:/abs/path name the same file, as in gRPC.
         let path = path.strip_prefix("//").unwrap_or(path);

@@ -68,15 +68,16 @@ impl NativeFront {
         let config = FrontConfig {
             limits,
             tls,
-            listen: listen.clone(),
+            listen,
             methods,
             max_message_bytes,
             max_concurrent_calls,
             worker_threads,
         };
-        let front = py.detach(|| Front::start(config)).map_err(|e| {
-            PyOSError::new_err(format!("cannot listen on {}: {e}", listen.join(", ")))
-        })?;
+        // Bind errors name their address; the others (TLS files) say what they are.
+        let front = py
+            .detach(|| Front::start(config))
+            .map_err(|e| PyOSError::new_err(e.to_string()))?;
         let queue = front.queue().clone();
         let ports = front.ports().to_vec();
         Ok(NativeFront {
