@@ -28,6 +28,7 @@ import grpc
 import pytest
 import test_service
 from go_toolchain import find_go
+from pki import Pki
 
 from stratad.server.registry import SERVICES
 
@@ -63,10 +64,13 @@ COMPRESSION_CASES = (
     "client_compressed_streaming",
     "server_compressed_streaming",
 )
-#: native-unix: the native front door's unix socket listener (listen_unix), which
-#: the client dials as unix:PATH (grpc-go sends "localhost" as :authority there;
-#: grpcio's socket path is tested in tests/hostile and tests/grpc).
-FRONTS = ("native", "native-unix", "python")
+#: native-tls: the native front door with TLS (the clients' --use_tls, with the
+#: test CA). native-unix: its unix socket listener (listen_unix), which the
+#: clients dial as unix:PATH (grpc-go sends "localhost" as :authority there, our
+#: raw client the whole "unix:PATH"; grpcio's socket path is tested in
+#: tests/hostile and tests/grpc). mTLS is not among them: grpc-go's interop client
+#: has no client-certificate option (tests/hostile and tests/edge attack mTLS).
+FRONTS = ("native", "native-tls", "native-unix", "python")
 
 #: Cases a front cannot pass, and why (strict: one that starts passing fails
 #: the run, so that this list is corrected).
@@ -117,9 +121,10 @@ def interop_tools() -> dict[str, Path]:
 
 
 def run_case(
-    tools: dict[str, Path], target: tuple[str, int], case: str
+    tools: dict[str, Path], target: tuple[str, int], case: str, *flags: str
 ) -> subprocess.CompletedProcess[str]:
-    """One client run against ``target``: (host, port), or (unix:PATH, 0)."""
+    """One client run against ``target``: (host, port), or (unix:PATH, 0), with
+    the client's other ``flags`` (TLS)."""
     client = tools["compression"] if case in COMPRESSION_CASES else tools["client"]
     env = {
         **os.environ,
@@ -134,6 +139,7 @@ def run_case(
         f"--server_host={target[0]}",
         f"--server_port={target[1]}",
         f"--test_case={case}",
+        *flags,
     ]
     try:
         return subprocess.run(
@@ -156,16 +162,33 @@ def test_interop_case(
     interop_tools: dict[str, Path],
     inprocess_server: Callable[..., Any],
     tmp_path: Path,
+    pki: Pki,
 ) -> None:
     service = test_service.registration(interop_tools["descriptor_set"])
-    if front == "native-unix":
+    flags: list[str] = []
+    if front == "native-tls":
+        issued = pki.server()
+        server = inprocess_server(
+            services=[*SERVICES, service],
+            front="native",
+            tls_cert_file=str(issued.cert),
+            tls_key_file=str(issued.key),
+        )
+        target = ("127.0.0.1", int(server.target.rpartition(":")[2]))
+        flags = [
+            "--use_tls=true",
+            "--use_test_ca=true",  # grpc-go's client reads --ca_file only with it
+            f"--ca_file={pki.ca_file}",
+            "--server_host_override=localhost",
+        ]
+    elif front == "native-unix":
         socket_path = f"unix:{tmp_path / 's.sock'}"
         inprocess_server(services=[*SERVICES, service], front="native", listen_unix=socket_path)
         target = (socket_path, 0)
     else:
         server = inprocess_server(services=[*SERVICES, service], front=front)
         target = ("127.0.0.1", int(server.target.rpartition(":")[2]))
-    result = run_case(interop_tools, target, case)
+    result = run_case(interop_tools, target, case, *flags)
     assert result.returncode == 0, (
         f"{case} against front={front} exited with {result.returncode}:\n"
         f"{result.stdout}{result.stderr}"

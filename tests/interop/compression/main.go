@@ -24,6 +24,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -40,6 +42,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	grpccredentials "google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	grpcgzip "google.golang.org/grpc/encoding/gzip"
@@ -56,7 +59,28 @@ var (
 	testCase   = flag.String("test_case", "", "client_compressed_unary, server_compressed_unary, "+
 		"client_compressed_streaming or server_compressed_streaming")
 	timeout = flag.Duration("timeout", 10*time.Second, "deadline of the whole test case")
+	// TLS, with the flags grpc-go's interop client has for it.
+	useTLS       = flag.Bool("use_tls", false, "connect with TLS")
+	caFile       = flag.String("ca_file", "", "with use_tls: the CA that signed the server's certificate")
+	_            = flag.Bool("use_test_ca", false, "accepted as grpc-go's client takes it (which needs it to read --ca_file); --ca_file is always read here")
+	hostOverride = flag.String("server_host_override", "", "with use_tls: the name the server's certificate must carry")
 )
+
+// tlsConfig is the client's TLS configuration (nil: plaintext).
+func tlsConfig() *tls.Config {
+	if !*useTLS {
+		return nil
+	}
+	pem, err := os.ReadFile(*caFile)
+	if err != nil {
+		fail("reading --ca_file: %v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		fail("--ca_file %s holds no certificate", *caFile)
+	}
+	return &tls.Config{RootCAs: roots, ServerName: *hostOverride, NextProtos: []string{"h2"}}
+}
 
 // decompressed counts the messages grpc-go decompressed with "gzip".
 var decompressed atomic.Int64
@@ -90,7 +114,11 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	credentials := insecure.NewCredentials()
+	if config := tlsConfig(); config != nil {
+		credentials = grpccredentials.NewTLS(config)
+	}
+	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(credentials))
 	if err != nil {
 		fail("grpc.NewClient(%q): %v", address, err)
 	}
@@ -257,7 +285,13 @@ func rawCall(address, path string, body []byte, deadline time.Time) (code, messa
 	if path, ok := strings.CutPrefix(address, "unix:"); ok {
 		network, dial = "unix", path
 	}
-	conn, err := net.DialTimeout(network, dial, time.Until(deadline))
+	var conn net.Conn
+	dialer := &net.Dialer{Timeout: time.Until(deadline)}
+	if config := tlsConfig(); config != nil {
+		conn, err = tls.DialWithDialer(dialer, network, dial, config)
+	} else {
+		conn, err = dialer.Dial(network, dial)
+	}
 	if err != nil {
 		return "", "", nil, err
 	}
