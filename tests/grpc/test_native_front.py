@@ -79,6 +79,17 @@ def test_front_is_native_by_default_and_python_on_request(
     assert Config(listen="unix:/tmp/x.sock").native_front
 
 
+def test_front_python_warns_that_it_lacks_the_edge_limits(
+    inprocess_server: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    inprocess_server(SERVICES, front="python")
+    warned = [r for r in caplog.records if "without the edge limits" in r.getMessage()]
+    assert warned and warned[0].levelname == "WARNING"
+    caplog.clear()
+    inprocess_server(SERVICES)
+    assert not [r for r in caplog.records if "without the edge limits" in r.getMessage()]
+
+
 def test_saves_and_loads_round_trip_natively(native: Any) -> None:
     channel, sessions, checkpoints = _stubs(native.target)
     with channel:

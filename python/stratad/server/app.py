@@ -243,6 +243,7 @@ async def _start(
     tls = certificate_files(config)
     bound = {address: _bind(server, address, tls) for address in served_by_aio}
     _warn_if_exposed(config)
+    _warn_if_unguarded(config)
     if metrics is not None:
         metrics.start(config.metrics_listen)
     inspector: Inspector | None = None
@@ -442,6 +443,16 @@ def _bind(server: Any, listen: str, tls: CertificateFiles | None) -> str:
         return listen
     host = listen.rpartition(":")[0]
     return f"{host}:{port}"
+
+
+def _warn_if_unguarded(config: Config) -> None:
+    if not config.native_front:
+        _log.warning(
+            "front = python: grpc.aio serves every listener, without the edge limits of "
+            "docs/security.md (connection cap, idle and handshake timeouts, answers in flight, "
+            "flood defences): one misbehaving client can stall the daemon for all. It is kept "
+            "to compare against (bench/front.py), not for serving agents: use front = auto"
+        )
 
 
 def _warn_if_exposed(config: Config) -> None:
