@@ -237,7 +237,7 @@ class FrontContext:
         answers being built already hold its share. Safe from any thread."""
         refused = self._call.reserve_answer(size)
         if refused is not None:
-            raise ResourceExhaustedError(refused, reason="ANSWERS_UNREAD")
+            raise ResourceExhaustedError(refused)
 
     def request_compressed(self) -> bool:
         """Whether the request message last read arrived compressed (not in grpc.aio)."""
