@@ -80,7 +80,13 @@ _RETRY_POLICY = {
                 "backoffMultiplier": 2,
                 "retryableStatusCodes": ["UNAVAILABLE"],
             },
-        }
+        },
+        # A watch is not retried: a retried stream that had no event yet waits
+        # on a daemon that is gone (it hung for good when the daemon was
+        # SIGKILLed) instead of telling the caller, who resumes from the last
+        # version seen (Client.watch_session, stratad ctl sessions watch).
+        # The most specific name wins over the service-wide entry above.
+        {"name": [{"service": "stratad.api.v1.SessionService", "method": "WatchSession"}]},
     ]
 }
 
