@@ -10,6 +10,9 @@ that the caller can watch again from the last version it saw.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -89,3 +92,50 @@ def test_an_async_watch_raises_unavailable_when_the_daemon_is_killed(
 
     outcome = asyncio.run(run())
     assert len(outcome) == 1 and isinstance(outcome[0], UnavailableError), outcome
+
+
+def test_ctl_watch_resumes_after_the_daemon_is_killed_and_restarted(
+    start_daemon: Callable[..., Any], stratad_env: dict[str, str]
+) -> None:
+    """`stratad ctl sessions watch` outlives a SIGKILL and a restart of its
+    daemon: it watches again from the last version it printed, so every event
+    is printed once, in order, none lost (those saved while it was
+    reconnecting included)."""
+    daemon = start_daemon()
+    with stratad.Client(daemon.target) as client:
+        client.create_session("w")
+    ctl = [sys.executable, "-m", "stratad", "ctl", "--address", daemon.target]
+    watch = subprocess.Popen(
+        [*ctl, "sessions", "watch", "w", "--json"],
+        env=stratad_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(120, watch.kill)  # never hang the suite
+    watchdog.start()
+    try:
+        assert watch.stdout is not None
+        time.sleep(2.0)  # ctl has started and opened its stream
+        with stratad.Client(daemon.target) as client:
+            for n in range(3):
+                client.save_state("w", f'{{"n": {n}}}'.encode())
+        before = [json.loads(watch.stdout.readline())["version"] for _ in range(3)]
+        daemon.kill()
+        daemon = start_daemon(listen=daemon.target, data_dir=daemon.data_dir)
+        with stratad.Client(daemon.target) as client:
+            for n in range(3, 5):
+                client.save_state("w", f'{{"n": {n}}}'.encode())
+            final = client.get_session("w").version
+        after = [json.loads(watch.stdout.readline())["version"] for _ in range(2)]
+        with stratad.Client(daemon.target) as client:
+            client.delete_session("w")
+        _, err = watch.communicate(timeout=60)
+    finally:
+        watchdog.cancel()
+        if watch.poll() is None:
+            watch.kill()
+    assert before + after == list(range(2, final + 1)), (before, after, err)
+    assert watch.returncode == 0, err
+    assert "watching w again from version 4" in err
+    assert "the session was deleted" in err

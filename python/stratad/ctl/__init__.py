@@ -212,7 +212,9 @@ def _add_sessions(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "watch",
         help="print the session's events as they happen, until Ctrl-C or its deletion",
         description="Stream WatchSession: one line per event (one JSON object per line with "
-        "--json). Ends with exit 0 when the session is deleted, 130 on Ctrl-C.",
+        "--json). A daemon that goes away is watched again (backoff up to 5 s) from the "
+        "last version printed, so no event is lost or repeated. Ends with exit 0 when the "
+        "session is deleted, 130 on Ctrl-C.",
     )
     watch.add_argument("session_id")
     watch.add_argument(

@@ -514,23 +514,55 @@ def _byte_diff_text(summary: dict[str, Any]) -> str:
     )
 
 
+#: Waits between attempts to watch again while the daemon is unreachable.
+WATCH_RECONNECT_FIRST = 0.2
+WATCH_RECONNECT_MAX = 5.0
+
+
 def cmd_sessions_watch(ctl: Ctl, args: argparse.Namespace) -> int:
-    """Print events until the stream ends (deletion, daemon stopping) or Ctrl-C."""
+    """Print events until the session is deleted or Ctrl-C. A daemon that goes
+    away (killed, restarted, stopping) is watched again, with backoff, from the
+    last version printed: no event is lost or printed twice."""
     if args.from_version < 0:
         raise CtlError("--from-version must not be negative")
+    # Without --from-version, "only new events" is made a version first, so
+    # that watching again after an outage resumes from a known point.
+    last = args.from_version or ctl.client.get_session(args.session_id).version
+    delay = WATCH_RECONNECT_FIRST
+    while True:
+        try:
+            for event in _watch_events(ctl, args.session_id, last):
+                _print_event(ctl, event)
+                last, delay = event.version, WATCH_RECONNECT_FIRST
+            # The stream ended: the session was deleted, or the daemon is stopping.
+            ctl.client.get_session(args.session_id)
+        except NotFoundError:
+            ctl.note(f"the watch of {args.session_id} ended: the session was deleted")
+            return EXIT_OK
+        except UnavailableError as exc:
+            ctl.note(
+                f"the daemon is unreachable ({exc.message}); watching {args.session_id} "
+                f"again from version {last} in {delay:g}s"
+            )
+            time.sleep(delay)
+            delay = min(2 * delay, WATCH_RECONNECT_MAX)
+
+
+def _watch_events(ctl: Ctl, session_id: str, after: int) -> Iterator[session_pb2.SessionEvent]:
     # No deadline: a watch lasts as long as the operator wants it to.
-    events = ctl.client.watch_session(args.session_id, args.from_version, timeout=None)
+    events = ctl.client.watch_session(session_id, after, timeout=None)
     with contextlib.closing(events):  # type: ignore[type-var]  # a generator: close() cancels
-        for event in events:
-            if ctl.json:
-                document = to_dict(event)
-                document["status"] = STATUS_NAMES.get(event.status, str(event.status))
-                ctl.out.write(json.dumps(document) + "\n")
-            else:
-                ctl.out.write(_event_text(event) + "\n")
-            ctl.out.flush()
-    ctl.note(f"the watch of {args.session_id} ended (session deleted, or the daemon stopping)")
-    return EXIT_OK
+        yield from events
+
+
+def _print_event(ctl: Ctl, event: session_pb2.SessionEvent) -> None:
+    if ctl.json:
+        document = to_dict(event)
+        document["status"] = STATUS_NAMES.get(event.status, str(event.status))
+        ctl.out.write(json.dumps(document) + "\n")
+    else:
+        ctl.out.write(_event_text(event) + "\n")
+    ctl.out.flush()
 
 
 def _event_text(event: session_pb2.SessionEvent) -> str:
