@@ -198,11 +198,19 @@ func TestNotFoundAndInvalidArgumentAreTypedErrors(t *testing.T) {
 	if !ok || !errors.Is(err, ErrNotFound) || e.Code != codes.NotFound || e.Reason == "" {
 		t.Fatalf("missing session: got %#v", err)
 	}
+	// The documented reasons are the ones the daemon sends.
+	if !errors.Is(err, ErrSessionNotFound) || errors.Is(err, ErrCheckpointNotFound) {
+		t.Fatalf("missing session: reason %q, want SESSION_NOT_FOUND", e.Reason)
+	}
 	id := unique("present")
 	must(client.CreateSession(ctx, id, nil))(t)
 	_, err = client.LoadState(ctx, id, &LoadOptions{CheckpointID: unique("no-checkpoint")})
-	if !errors.Is(err, ErrNotFound) {
+	if !errors.Is(err, ErrNotFound) || !errors.Is(err, ErrCheckpointNotFound) {
 		t.Fatalf("missing checkpoint: got %v", err)
+	}
+	_, err = client.LoadState(ctx, id, nil)
+	if !errors.Is(err, ErrCheckpointNotFound) {
+		t.Fatalf("a session without a saved state: got %v", err)
 	}
 	_, err = client.CreateSession(ctx, id, nil)
 	if !errors.Is(err, ErrAlreadyExists) {
@@ -211,6 +219,9 @@ func TestNotFoundAndInvalidArgumentAreTypedErrors(t *testing.T) {
 	_, err = client.CreateSession(ctx, "not a valid id!", nil)
 	if e, ok := AsError(err); !ok || e.Code != codes.InvalidArgument || e.Reason == "" || !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("invalid ID: got %v", err)
+	}
+	if !errors.Is(err, ErrInvalidID) {
+		t.Fatalf("invalid ID: reason of %v, want INVALID_ID", err)
 	}
 }
 

@@ -1060,4 +1060,4 @@ def test_errors_carry_a_reason_and_metadata_clients_can_match(api: Api) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         api.call(api.sessions.GetSession, session_pb2.GetSessionRequest(session_id="../x"))
     info = error_info(raised.value)
-    assert info is not None and info.reason == "INVALID_ARGUMENT"
+    assert info is not None and info.reason == "INVALID_ID"

@@ -148,25 +148,37 @@ def _restore_unknown(c: stratad.Client) -> Any:
     return c.restore_checkpoint("unknown")
 
 
+def _load_unsaved(c: stratad.Client) -> Any:
+    return c.load_state("s")
+
+
 @pytest.mark.parametrize(
-    ("call", "error", "words"),
+    ("call", "error", "words", "reason"),
     [
-        (_get_unknown, errors.NotFoundError, "'nope' not found"),
-        (_get_bad_id, errors.InvalidArgumentError, "invalid session_id"),
-        (_create_twice, errors.AlreadyExistsError, "already exists"),
-        (_wrong_version, errors.VersionConflictError, "not 7"),
-        (_resume_active, errors.FailedPreconditionError, "not paused"),
-        (_restore_unknown, errors.NotFoundError, "unknown"),
+        (_get_unknown, errors.NotFoundError, "'nope' not found", "SESSION_NOT_FOUND"),
+        (_get_bad_id, errors.InvalidArgumentError, "invalid session_id", "INVALID_ID"),
+        (_create_twice, errors.AlreadyExistsError, "already exists", "ALREADY_EXISTS"),
+        (_wrong_version, errors.VersionConflictError, "not 7", "VERSION_CONFLICT"),
+        (_resume_active, errors.FailedPreconditionError, "not paused", "SESSION_NOT_PAUSED"),
+        (_restore_unknown, errors.NotFoundError, "unknown", "CHECKPOINT_NOT_FOUND"),
+        (_load_unsaved, errors.NotFoundError, "no saved state", "CHECKPOINT_NOT_FOUND"),
     ],
 )
 def test_client_raises_the_stratad_error_of_each_status(
-    client: stratad.Client, call: Callable[[stratad.Client], Any], error: type, words: str
+    client: stratad.Client,
+    call: Callable[[stratad.Client], Any],
+    error: type,
+    words: str,
+    reason: str,
 ) -> None:
+    """With the reason the clients document (docs/errors.md, the Go and TS
+    reason constants), not only the status code's."""
     client.create_session("s")
     with pytest.raises(error) as excinfo:
         call(client)
     assert isinstance(excinfo.value, errors.StratadError)
     assert words in excinfo.value.message
+    assert excinfo.value.reason == reason
     assert client.get_session("s").version == 1
 
 

@@ -43,7 +43,8 @@ def facet_of(state: SessionState) -> dict[str, Any]:
     agent: dict[str, Any] | None = state.structured.get(FACET)
     if agent is None:
         raise FailedPreconditionError(
-            f"session {state.session_id!r} has no agent state yet: call StartAgent first"
+            f"session {state.session_id!r} has no agent state yet: call StartAgent first",
+            reason="NOT_INITIALIZED",
         )
     return agent
 

@@ -239,11 +239,15 @@ class Checkpoints:
                 raise InvalidArgumentError("keep needs a base_checkpoint_id")
             base_live = self.sessions.session_of_checkpoint(live.tenant.name, up.base_checkpoint_id)
             if base_live.tenant is not live.tenant:
-                raise NotFoundError(f"checkpoint {up.base_checkpoint_id!r} not found")
+                raise NotFoundError(
+                    f"checkpoint {up.base_checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+                )
             with base_live.lock:
                 cp = base_live.state.checkpoints.get(up.base_checkpoint_id)
             if cp is None:
-                raise NotFoundError(f"checkpoint {up.base_checkpoint_id!r} not found")
+                raise NotFoundError(
+                    f"checkpoint {up.base_checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+                )
             base_entries = live.tenant.entries_of(cp.root, cp.root_kind, cp.size)
             if up.keep > manifest.entry_count(base_entries):
                 raise InvalidArgumentError("keep is larger than the base's chunk count")
@@ -367,7 +371,10 @@ class Checkpoints:
         if inp.parent_checkpoint_id:
             cp = live.state.checkpoints.get(inp.parent_checkpoint_id)
             if cp is None:
-                raise NotFoundError(f"parent checkpoint {inp.parent_checkpoint_id!r} not found")
+                raise NotFoundError(
+                    f"parent checkpoint {inp.parent_checkpoint_id!r} not found",
+                    reason="CHECKPOINT_NOT_FOUND",
+                )
             return cp
         if inp.no_parent:
             return None
@@ -453,12 +460,16 @@ class Checkpoints:
                 validate_id(checkpoint_id, "checkpoint_id")
                 cp = live.state.checkpoints.get(checkpoint_id)
                 if cp is None:
-                    raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+                    raise NotFoundError(
+                        f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+                    )
             else:
                 validate_namespace(namespace)
                 cp = latest(live, namespace)
                 if cp is None:
-                    raise NotFoundError(f"session {session_id!r} has no saved state")
+                    raise NotFoundError(
+                        f"session {session_id!r} has no saved state", reason="CHECKPOINT_NOT_FOUND"
+                    )
             version = live.state.version
             live.accessed_at = time.time()  # a read keeps the session from expiring
         if before_read is not None:
@@ -483,7 +494,9 @@ class Checkpoints:
             with live.lock:
                 gone = live.deleted or cp.checkpoint_id not in live.state.checkpoints
             if gone:
-                raise NotFoundError(f"checkpoint {cp.checkpoint_id!r} not found") from None
+                raise NotFoundError(
+                    f"checkpoint {cp.checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+                ) from None
             raise
 
     # -- pause / resume ----------------------------------------------------------
@@ -499,9 +512,11 @@ class Checkpoints:
     ) -> SessionInfo:
         def build(live: LiveSession, version: int, at: float) -> Mutation:
             if allowed_from and live.state.status not in allowed_from:
+                not_paused = allowed_from == (SessionStatus.PAUSED,)
                 raise FailedPreconditionError(
                     f"session {session_id!r} is {live.state.status.value}, "
-                    f"not {' or '.join(s.value for s in allowed_from)}"
+                    f"not {' or '.join(s.value for s in allowed_from)}",
+                    reason="SESSION_NOT_PAUSED" if not_paused else None,
                 )
             body = {"v": version, "at": at, "status": status.value}
             record = Record("status", body)
@@ -570,14 +585,18 @@ class Checkpoints:
         with live.lock:
             cp = live.state.checkpoints.get(checkpoint_id)
         if cp is None:
-            raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+            raise NotFoundError(
+                f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+            )
         data = self._read(live, cp)  # verify before moving the head to it
         if make_current:
             structured = load_structured(live, cp)
 
             def build(live: LiveSession, version: int, at: float) -> Mutation:
                 if checkpoint_id not in live.state.checkpoints:
-                    raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+                    raise NotFoundError(
+                        f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+                    )
                 body = {"v": version, "at": at, "checkpoint_id": checkpoint_id}
                 body["structured"] = structured
                 event = SessionEvent(version, "head", at, checkpoint_id=checkpoint_id)
@@ -591,7 +610,9 @@ class Checkpoints:
 
         def build(live: LiveSession, version: int, at: float) -> Mutation:
             if checkpoint_id not in live.state.checkpoints:
-                raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+                raise NotFoundError(
+                    f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+                )
             body: dict[str, Any] = {"v": version, "at": at, "checkpoint_id": checkpoint_id}
             if live.state.head == checkpoint_id:
                 rest = [c for c in live.state.checkpoints if c != checkpoint_id]
@@ -610,7 +631,9 @@ class Checkpoints:
         with source.lock:
             src = source.state.checkpoints.get(checkpoint_id)
             if src is None:
-                raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+                raise NotFoundError(
+                    f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+                )
             keep_last, max_age = source.state.keep_last, source.state.max_age_seconds
         structured = load_structured(source, src)
 
@@ -661,7 +684,9 @@ class Checkpoints:
             validate_id(before, "before")
             ids = [c.checkpoint_id for c in newest_first]
             if before not in ids:
-                raise NotFoundError(f"checkpoint {before!r} not found")
+                raise NotFoundError(
+                    f"checkpoint {before!r} not found", reason="CHECKPOINT_NOT_FOUND"
+                )
             newest_first = newest_first[ids.index(before) + 1 :]
         matching = [
             c

@@ -54,7 +54,8 @@ def facet_of(state: SessionState) -> dict[str, Any]:
     cog: dict[str, Any] | None = state.structured.get(FACET)
     if cog is None:
         raise FailedPreconditionError(
-            f"session {state.session_id!r} has no cognitive state yet: call Initialize first"
+            f"session {state.session_id!r} has no cognitive state yet: call Initialize first",
+            reason="NOT_INITIALIZED",
         )
     return cog
 

@@ -24,7 +24,8 @@ def validate_id(value: str, what: str) -> str:
         shown = value if isinstance(value, str) and len(value) <= 64 else f"{str(value)[:64]}..."
         raise InvalidArgumentError(
             f"invalid {what} {shown!r}: an ID is 1-128 ASCII letters, digits, '_', '.', ':' "
-            "or '-', starting with a letter or digit"
+            "or '-', starting with a letter or digit",
+            reason="INVALID_ID",
         )
     return value
 

@@ -227,7 +227,9 @@ class CheckpointExtras:
     def _checkpoint(live: LiveSession, checkpoint_id: str) -> Checkpoint:
         cp = live.state.checkpoints.get(checkpoint_id)
         if cp is None:
-            raise NotFoundError(f"checkpoint {checkpoint_id!r} not found")
+            raise NotFoundError(
+                f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
+            )
         return cp
 
     @staticmethod
@@ -279,7 +281,8 @@ class CheckpointExtras:
         if unknown:
             raise NotFoundError(
                 f"checkpoint {unknown[0]!r} of checkpoint_ids is not in session "
-                f"{source_session_id!r}"
+                f"{source_session_id!r}",
+                reason="CHECKPOINT_NOT_FOUND",
             )
         taken = [i for i in wanted.values() if self.sessions.checkpoint_exists(tenant, i)]
         if taken:
