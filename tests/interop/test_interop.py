@@ -17,8 +17,11 @@ STRATAD_REQUIRE_GO is set (CI): then they fail.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -65,12 +68,13 @@ COMPRESSION_CASES = (
     "server_compressed_streaming",
 )
 #: native-tls: the native front door with TLS (the clients' --use_tls, with the
-#: test CA). native-unix: its unix socket listener (listen_unix), which the
+#: test CA). native-mtls: with TLS and client certificates; grpc-go's interop
+#: client has no client-certificate option, so it reaches that listener through
+#: `MtlsRelay`. native-unix: its unix socket listener (listen_unix), which the
 #: clients dial as unix:PATH (grpc-go sends "localhost" as :authority there, our
 #: raw client the whole "unix:PATH"; grpcio's socket path is tested in
-#: tests/hostile and tests/grpc). mTLS is not among them: grpc-go's interop client
-#: has no client-certificate option (tests/hostile and tests/edge attack mTLS).
-FRONTS = ("native", "native-tls", "native-unix", "python")
+#: tests/hostile and tests/grpc).
+FRONTS = ("native", "native-tls", "native-mtls", "native-unix", "python")
 
 #: Cases a front cannot pass, and why (strict: one that starts passing fails
 #: the run, so that this list is corrected).
@@ -120,6 +124,65 @@ def interop_tools() -> dict[str, Path]:
     return tools
 
 
+class MtlsRelay:
+    """Plaintext TCP in on 127.0.0.1, TLS with a client certificate out to
+    ``port``: each connection relayed byte for byte (HTTP/2 end to end, the
+    relay only adds the TLS layer the client cannot). Runs its own event loop
+    on a thread; close() stops it."""
+
+    def __init__(self, port: int, context: ssl.SSLContext) -> None:
+        self._port, self._context = port, context
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        start = asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(10)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(
+            "127.0.0.1", self._port, ssl=self._context, server_hostname="localhost"
+        )
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+    def _run(self) -> None:
+        self._loop.run_forever()
+        self._loop.close()
+
+    def close(self) -> None:
+        """Stop accepting, end every relayed connection, stop the loop."""
+
+        async def shutdown() -> None:
+            self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, ssl.SSLError):
+        pass
+    finally:
+        writer.close()
+
+
+def _mtls_relay(server_port: int, pki: Pki) -> MtlsRelay:
+    client = pki.client("interop-client")
+    context = ssl.create_default_context(cafile=str(pki.ca_file))
+    context.load_cert_chain(str(client.cert), str(client.key))
+    context.set_alpn_protocols(["h2"])
+    return MtlsRelay(server_port, context)
+
+
 def run_case(
     tools: dict[str, Path], target: tuple[str, int], case: str, *flags: str
 ) -> subprocess.CompletedProcess[str]:
@@ -163,6 +226,7 @@ def test_interop_case(
     inprocess_server: Callable[..., Any],
     tmp_path: Path,
     pki: Pki,
+    request: pytest.FixtureRequest,
 ) -> None:
     service = test_service.registration(interop_tools["descriptor_set"])
     flags: list[str] = []
@@ -181,6 +245,18 @@ def test_interop_case(
             f"--ca_file={pki.ca_file}",
             "--server_host_override=localhost",
         ]
+    elif front == "native-mtls":
+        issued = pki.server()
+        server = inprocess_server(
+            services=[*SERVICES, service],
+            front="native",
+            tls_cert_file=str(issued.cert),
+            tls_key_file=str(issued.key),
+            tls_client_ca_file=str(pki.ca_file),
+        )
+        relay = _mtls_relay(int(server.target.rpartition(":")[2]), pki)
+        request.addfinalizer(relay.close)
+        target = ("127.0.0.1", relay.port)
     elif front == "native-unix":
         socket_path = f"unix:{tmp_path / 's.sock'}"
         inprocess_server(services=[*SERVICES, service], front="native", listen_unix=socket_path)
