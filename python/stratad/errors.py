@@ -131,6 +131,16 @@ class InternalError(StratadError):
     default_reason = "INTERNAL"
 
 
+def session_not_found(session_id: str) -> NotFoundError:
+    """A missing (or deleted) session, with the reason the clients match."""
+    return NotFoundError(f"session {session_id!r} not found", reason="SESSION_NOT_FOUND")
+
+
+def checkpoint_not_found(checkpoint_id: str) -> NotFoundError:
+    """A missing checkpoint, with the reason the clients match."""
+    return NotFoundError(f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND")
+
+
 #: Status-code name -> exception class, used by the client SDK to map a gRPC
 #: status back into this hierarchy. Subclasses that share a code (for example
 #: CorruptObjectError) map to their most general class here.
@@ -170,4 +180,6 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "VersionConflictError",
+    "checkpoint_not_found",
+    "session_not_found",
 ]

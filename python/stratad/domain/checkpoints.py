@@ -45,6 +45,7 @@ from stratad.errors import (
     NotFoundError,
     ResourceExhaustedError,
     StratadError,
+    checkpoint_not_found,
 )
 from stratad.store import manifest
 from stratad.store.journal import Record
@@ -239,15 +240,11 @@ class Checkpoints:
                 raise InvalidArgumentError("keep needs a base_checkpoint_id")
             base_live = self.sessions.session_of_checkpoint(live.tenant.name, up.base_checkpoint_id)
             if base_live.tenant is not live.tenant:
-                raise NotFoundError(
-                    f"checkpoint {up.base_checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-                )
+                raise checkpoint_not_found(up.base_checkpoint_id)
             with base_live.lock:
                 cp = base_live.state.checkpoints.get(up.base_checkpoint_id)
             if cp is None:
-                raise NotFoundError(
-                    f"checkpoint {up.base_checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-                )
+                raise checkpoint_not_found(up.base_checkpoint_id)
             base_entries = live.tenant.entries_of(cp.root, cp.root_kind, cp.size)
             if up.keep > manifest.entry_count(base_entries):
                 raise InvalidArgumentError("keep is larger than the base's chunk count")
@@ -460,9 +457,7 @@ class Checkpoints:
                 validate_id(checkpoint_id, "checkpoint_id")
                 cp = live.state.checkpoints.get(checkpoint_id)
                 if cp is None:
-                    raise NotFoundError(
-                        f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-                    )
+                    raise checkpoint_not_found(checkpoint_id)
             else:
                 validate_namespace(namespace)
                 cp = latest(live, namespace)
@@ -494,9 +489,7 @@ class Checkpoints:
             with live.lock:
                 gone = live.deleted or cp.checkpoint_id not in live.state.checkpoints
             if gone:
-                raise NotFoundError(
-                    f"checkpoint {cp.checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-                ) from None
+                raise checkpoint_not_found(cp.checkpoint_id) from None
             raise
 
     # -- pause / resume ----------------------------------------------------------
@@ -585,18 +578,14 @@ class Checkpoints:
         with live.lock:
             cp = live.state.checkpoints.get(checkpoint_id)
         if cp is None:
-            raise NotFoundError(
-                f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-            )
+            raise checkpoint_not_found(checkpoint_id)
         data = self._read(live, cp)  # verify before moving the head to it
         if make_current:
             structured = load_structured(live, cp)
 
             def build(live: LiveSession, version: int, at: float) -> Mutation:
                 if checkpoint_id not in live.state.checkpoints:
-                    raise NotFoundError(
-                        f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-                    )
+                    raise checkpoint_not_found(checkpoint_id)
                 body = {"v": version, "at": at, "checkpoint_id": checkpoint_id}
                 body["structured"] = structured
                 event = SessionEvent(version, "head", at, checkpoint_id=checkpoint_id)
@@ -610,9 +599,7 @@ class Checkpoints:
 
         def build(live: LiveSession, version: int, at: float) -> Mutation:
             if checkpoint_id not in live.state.checkpoints:
-                raise NotFoundError(
-                    f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-                )
+                raise checkpoint_not_found(checkpoint_id)
             body: dict[str, Any] = {"v": version, "at": at, "checkpoint_id": checkpoint_id}
             if live.state.head == checkpoint_id:
                 rest = [c for c in live.state.checkpoints if c != checkpoint_id]
@@ -631,9 +618,7 @@ class Checkpoints:
         with source.lock:
             src = source.state.checkpoints.get(checkpoint_id)
             if src is None:
-                raise NotFoundError(
-                    f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-                )
+                raise checkpoint_not_found(checkpoint_id)
             keep_last, max_age = source.state.keep_last, source.state.max_age_seconds
         structured = load_structured(source, src)
 
@@ -684,9 +669,7 @@ class Checkpoints:
             validate_id(before, "before")
             ids = [c.checkpoint_id for c in newest_first]
             if before not in ids:
-                raise NotFoundError(
-                    f"checkpoint {before!r} not found", reason="CHECKPOINT_NOT_FOUND"
-                )
+                raise checkpoint_not_found(before)
             newest_first = newest_first[ids.index(before) + 1 :]
         matching = [
             c

@@ -36,6 +36,8 @@ from stratad.errors import (
     NotFoundError,
     ResourceExhaustedError,
     VersionConflictError,
+    checkpoint_not_found,
+    session_not_found,
 )
 from stratad.store import journal as journal_mod
 from stratad.store.commit import sync_all
@@ -336,7 +338,7 @@ class SessionManager:
             with self._lock:
                 live = self._sessions.get((tenant, session_id))
         if live is None or live.deleted:
-            raise NotFoundError(f"session {session_id!r} not found", reason="SESSION_NOT_FOUND")
+            raise session_not_found(session_id)
         return live
 
     def is_loaded(self, tenant: str, session_id: str) -> bool:
@@ -395,9 +397,7 @@ class SessionManager:
         with self._lock:
             session_id = self._checkpoints[tenant].get(checkpoint_id)
         if session_id is None:
-            raise NotFoundError(
-                f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-            )
+            raise checkpoint_not_found(checkpoint_id)
         return self.live(tenant, session_id)
 
     def checkpoint_exists(self, tenant: str, checkpoint_id: str) -> bool:
@@ -793,9 +793,7 @@ def _label_error(message: str, what: str, limit: int) -> InvalidArgumentError:
 
 def check_usable(live: LiveSession, *, allow_damaged: bool = False) -> None:
     if live.deleted:
-        raise NotFoundError(
-            f"session {live.state.session_id!r} not found", reason="SESSION_NOT_FOUND"
-        )
+        raise session_not_found(live.state.session_id)
     if live.damaged and not allow_damaged:
         raise DataLossError(live.damaged)
 

@@ -58,6 +58,7 @@ from stratad.errors import (
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
+    checkpoint_not_found,
 )
 from stratad.store.journal import Record
 
@@ -227,9 +228,7 @@ class CheckpointExtras:
     def _checkpoint(live: LiveSession, checkpoint_id: str) -> Checkpoint:
         cp = live.state.checkpoints.get(checkpoint_id)
         if cp is None:
-            raise NotFoundError(
-                f"checkpoint {checkpoint_id!r} not found", reason="CHECKPOINT_NOT_FOUND"
-            )
+            raise checkpoint_not_found(checkpoint_id)
         return cp
 
     @staticmethod
