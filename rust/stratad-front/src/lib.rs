@@ -3,8 +3,9 @@
 //! Python's grpc.aio spends about as much CPU per call on HTTP/2 and gRPC
 //! framing as stratad spends saving the state (docs/benchmarks.md). This
 //! crate takes that part over for every call: it serves HTTP/2 (plaintext,
-//! TLS or mTLS with rustls) on the daemon's TCP listeners with hyper and
-//! turns each call
+//! TLS or mTLS with rustls) on the daemon's TCP listeners, and on its unix
+//! sockets (through the header relay of `unix.rs`), with hyper, and turns
+//! each call
 //! of a method listed in [`FrontConfig::methods`] into [`Event`]s on one
 //! [`EventQueue`] that the daemon drains in batches (raw request messages
 //! in, raw response messages and a status out). Every method of every shape
