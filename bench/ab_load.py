@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import checkpoints as cb
 from _daemon import ROOT, daemon_process, echo_server
 from _report import machine_facts, markdown_table, median, write_section
-from ab_sequential import worktree
+from ab_sequential import head_commit, worktree
 from front import stratad_run
 
 HEADING = "## Code A/B: 16 clients, unary SaveState (bench/ab_load.py)"
@@ -61,12 +60,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=6)
     parser.add_argument("--doc", action="store_true", help="write docs/benchmarks.md")
     args = parser.parse_args(argv)
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
     echo = "echo server (grpc.aio)"
-    names = [echo, args.baseline, f"this tree ({head})"]
+    names = [echo, args.baseline, f"this tree ({head_commit()})"]
     rates: dict[str, list[float]] = {name: [] for name in names}
     with worktree(args.baseline, args.baseline_core) as baseline:
         for run in range(args.runs):

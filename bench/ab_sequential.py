@@ -68,6 +68,14 @@ def worktree(ref: str, core: Path | None = None) -> Iterator[Path]:
             )
 
 
+def head_commit() -> str:
+    """This tree's HEAD, abbreviated (how the tables name this tree)."""
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+
+
 def one_run(tree: Path, steps: int) -> float:
     """Checkpoints/s of one sequential run of `tree`'s daemon and SDK."""
     python = tree / "python"
@@ -92,11 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--doc", action="store_true", help="write docs/benchmarks.md")
     args = parser.parse_args(argv)
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    rates: dict[str, list[float]] = {args.baseline: [], f"this tree ({head})": []}
+    rates: dict[str, list[float]] = {args.baseline: [], f"this tree ({head_commit()})": []}
     with worktree(args.baseline, args.baseline_core) as baseline:
         trees = dict(zip(rates, (baseline, ROOT), strict=True))
         for run in range(args.runs):

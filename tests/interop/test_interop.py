@@ -230,15 +230,21 @@ def test_interop_case(
 ) -> None:
     service = test_service.registration(interop_tools["descriptor_set"])
     flags: list[str] = []
-    if front == "native-tls":
+
+    def tls_server(**client_ca: str) -> int:
+        """A TLS daemon's port (mTLS with ``tls_client_ca_file``)."""
         issued = pki.server()
         server = inprocess_server(
             services=[*SERVICES, service],
             front="native",
             tls_cert_file=str(issued.cert),
             tls_key_file=str(issued.key),
+            **client_ca,
         )
-        target = ("127.0.0.1", int(server.target.rpartition(":")[2]))
+        return int(server.target.rpartition(":")[2])
+
+    if front == "native-tls":
+        target = ("127.0.0.1", tls_server())
         flags = [
             "--use_tls=true",
             "--use_test_ca=true",  # grpc-go's client reads --ca_file only with it
@@ -246,15 +252,7 @@ def test_interop_case(
             "--server_host_override=localhost",
         ]
     elif front == "native-mtls":
-        issued = pki.server()
-        server = inprocess_server(
-            services=[*SERVICES, service],
-            front="native",
-            tls_cert_file=str(issued.cert),
-            tls_key_file=str(issued.key),
-            tls_client_ca_file=str(pki.ca_file),
-        )
-        relay = _mtls_relay(int(server.target.rpartition(":")[2]), pki)
+        relay = _mtls_relay(tls_server(tls_client_ca_file=str(pki.ca_file)), pki)
         request.addfinalizer(relay.close)
         target = ("127.0.0.1", relay.port)
     elif front == "native-unix":
