@@ -254,12 +254,14 @@ def test_a_client_that_does_not_take_its_answer_is_cut_after_the_write_timeout(
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.connect(host_port(address))
             sock.sendall(GET_HEAD)
-        assert wait_until(lambda: fd_count() >= baseline + 2 * readers, 2.0)  # accepted
 
+        # Each reader accepted, answered in part, then cut: one DEBUG line each.
+        # (Not checked as "all accepted at once" by counting descriptors: on a
+        # busy machine the first are cut before the last are accepted; CI saw it.)
         def given_up() -> int:
             return len(messages(caplog, "answer not taken within"))
 
-        assert wait_until(lambda: given_up() == readers, 4.0), given_up()
+        assert wait_until(lambda: given_up() == readers, 10.0), given_up()
         # Only the clients' own ends remain: the daemon's were released, not left
         # waiting to flush an answer nobody reads.
         assert wait_until(lambda: fd_count() <= baseline + readers + 2, 2.0), (
