@@ -186,10 +186,12 @@ impl CallHandle {
         text: String,
         trailers: Vec<(String, MetadataValue)>,
     ) -> bool {
+        // Before the check: a reservation made after the server closed the
+        // call (a handler still loading) is given back here, not at drop.
+        self.release_reservation();
         if self.finished.swap(true, Ordering::AcqRel) {
             return false;
         }
-        self.release_reservation();
         let mut status = Status {
             code,
             message: text,
@@ -358,6 +360,10 @@ mod tests {
         // A call that ends without an answer gives its reservation back too.
         other.reserve_answer(50).expect("the share is free again");
         assert!(other.close());
+        assert_eq!(budget.in_use(), 0);
+        // A handler that reserves after the call was closed gives it back at its finish.
+        other.reserve_answer(70).expect("admitted");
+        assert!(!other.finish(None, 0, String::new(), vec![]));
         assert_eq!(budget.in_use(), 0);
     }
 }
