@@ -61,7 +61,7 @@ proto: $(STAMP) ## Regenerate python/stratad/api/v1 from proto/
 proto-check: $(STAMP) ## Fail if the committed generated code differs from proto/
 	$(PY) scripts/gen_proto.py --check
 
-go-tools: ## Build (once, cached in ~/.cache/stratad-tools/bin) buf, protoc-gen-go, protoc-gen-go-grpc; needs Go
+go-tools: ## Build (once, cached in ~/.cache/stratad-tools/bin) buf, protoc-gen-go, protoc-gen-go-grpc, grpcurl; needs Go
 	bash scripts/go-tools.sh install
 
 proto-lint: ## buf lint (STANDARD) and buf breaking against the previous commit (HEAD~1)

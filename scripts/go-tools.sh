@@ -6,6 +6,8 @@
 #   buf                 github.com/bufbuild/buf/cmd/buf          lint, breaking, generate
 #   protoc-gen-go       google.golang.org/protobuf/cmd/protoc-gen-go
 #   protoc-gen-go-grpc  google.golang.org/grpc/cmd/protoc-gen-go-grpc
+#   grpcurl             github.com/fullstorydev/grpcurl/cmd/grpcurl   the docs' grpcurl
+#                       examples, run by tests/docs
 #
 #   scripts/go-tools.sh install   build the missing or outdated tools; print the bin dir
 #   scripts/go-tools.sh bin       print the bin dir (no build)
@@ -23,6 +25,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/go.sh"
 BUF_VERSION=v1.75.0
 PROTOC_GEN_GO_VERSION=v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
+GRPCURL_VERSION=v1.9.4
 
 TOOLS=${STRATAD_GO_TOOLS_DIR:-$HOME/.cache/stratad-tools}
 BIN=$TOOLS/bin
@@ -50,6 +53,7 @@ cmd_install() {
     go_tool protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go "$PROTOC_GEN_GO_VERSION"
     go_tool protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION"
     go_tool buf github.com/bufbuild/buf/cmd/buf "$BUF_VERSION"
+    go_tool grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl "$GRPCURL_VERSION"
     echo "$BIN"
 }
 

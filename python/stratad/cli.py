@@ -85,6 +85,12 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"TOML config file whose top-level keys are the option names below with "
         f"underscores (e.g. data_dir = ...) (env: {CONFIG_FILE_ENV}; default: none)",
     )
+    serve.add_argument(
+        "--check-config",
+        action="store_true",
+        help="check the configuration (file, environment, flags) the way serving would, "
+        "print it and exit: 0 if it is valid, 2 with the error if not (nothing is started)",
+    )
     for option in OPTIONS:
         # default=None marks "not given", so lower layers are not overridden.
         serve.add_argument(
@@ -135,6 +141,9 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(flags, os.environ, args.config)
     except ConfigError as exc:
         return _fail(f"config error: {exc.message}", EXIT_USAGE)
+    if args.check_config:
+        print(f"stratad: config OK: listen={config.listen} data_dir={config.data_dir}")
+        return 0
     setup_logging(config.log_level, config.log_format)
     try:
         return asyncio.run(serve(config))
