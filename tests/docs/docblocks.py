@@ -23,9 +23,10 @@ renders it); the words after it say how it runs:
                 page's earlier blocks installed ``@stratad/client``)
 ``toml``        a config file, checked with ``stratad serve --config FILE
                 --check-config`` (what serving would refuse, this refuses)
-``daemon``      (after sh) the block starts the page's daemon: it runs in the
-                background until the page is done; the page's other blocks
-                wait for 127.0.0.1:50051 to serve first
+``daemon``      (after sh) the block starts the page's daemon (replacing the
+                one running): it runs in the background until the page is
+                done, with the variables of the page's earlier shell blocks;
+                the next block waits for 127.0.0.1:50051 to serve
 ==============  ==============================================================
 
 A page without a ``daemon`` block gets one started for it: ``stratad serve``
@@ -85,7 +86,9 @@ class Block:
             return "no language: name one (text for layouts, diagrams and sample output)"
         unknown = self.modifiers - MODIFIERS
         if unknown:
-            return f"unknown words {sorted(unknown)} after the language (known: {sorted(MODIFIERS)})"
+            return (
+                f"unknown words {sorted(unknown)} after the language (known: {sorted(MODIFIERS)})"
+            )
         if self.language in NEVER_RUN or "illustrative" in self.modifiers:
             return None
         if self.language not in RUNNABLE:

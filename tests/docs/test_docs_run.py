@@ -65,6 +65,35 @@ def test_most_blocks_run() -> None:
     assert len(run) >= 0.6 * len(code), f"only {len(run)} of {len(code)} code blocks run"
 
 
+def test_no_table_is_cut_by_a_blank_line() -> None:
+    """A blank line ends a markdown table: the rows after it render as text."""
+    cut = []
+    for page in PAGES:
+        lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+        for number, (before, line, after) in enumerate(
+            zip(lines, lines[1:], lines[2:], strict=False), 2
+        ):
+            if before.startswith("|") and not line.strip() and after.startswith("|"):
+                cut.append(f"{page}:{number}")
+    assert not cut, f"tables cut by a blank line at {cut}"
+
+
+def test_the_readme_headline_figure_is_the_benchmarks_one() -> None:
+    """Figures live in docs/benchmarks.md; the README's headline must match it."""
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    quoted = re.search(r"a ([\d,]+)-step conversation takes ([\d.]+) MB on disk", readme)
+    assert quoted, "the README's headline figure moved: update this test"
+    steps, megabytes = quoted[1].replace(",", ""), float(quoted[2])
+    table = (ROOT / "docs/benchmarks.md").read_text(encoding="utf-8")
+    row = re.search(
+        rf"^\| {steps} \| stratad \(gRPC, fsync\) \|[^|]*\|[^|]*\| ([\d.]+) MB \|", table, re.M
+    )
+    assert row, f"benchmarks.md has no {steps}-step row for stratad (gRPC, fsync)"
+    assert round(float(row[1]), 1) == megabytes, (
+        f"README says {megabytes} MB, benchmarks {row[1]} MB"
+    )
+
+
 def tools_path() -> str:
     """PATH for the blocks: the venv (as if activated), Go, grpcurl (make go-tools)."""
     go_bin = str(Path(find_go()).parent)
@@ -82,7 +111,14 @@ class PageRun:
         self.workdir = workdir
         self.shell_state = workdir / ".docs-run-shell-state"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAD_")}
-        self.env |= {"PATH": tools_path(), "STRATAD_SRC": str(ROOT), "GOFLAGS": "-modcacherw"}
+        # STRATAD_SRC: the checkout, where install blocks say "your checkout".
+        # CARGO_TARGET_DIR: an install from the checkout reuses its Rust build.
+        self.env |= {
+            "PATH": tools_path(),
+            "STRATAD_SRC": str(ROOT),
+            "GOFLAGS": "-modcacherw",
+            "CARGO_TARGET_DIR": str(ROOT / "target"),
+        }
         self.env.pop("VIRTUAL_ENV", None)
         self.daemon: subprocess.Popen[bytes] | None = None
         self.python: subprocess.Popen[str] | None = None
@@ -94,14 +130,21 @@ class PageRun:
     # -- the daemon ----------------------------------------------------------
 
     def start_daemon(self, command: list[str], block: Block | None = None) -> None:
+        """Start the page's daemon; a daemon block replaces the one started by default."""
         if self.daemon is not None:
-            return
+            if block is None:
+                return
+            self.stop_daemon()
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", 50051)) == 0:
                 pytest.fail(f"{DAEMON} is already taken: stop the daemon there to run the docs")
         log = open(self.workdir / "daemon.log", "wb")  # noqa: SIM115 - closed with the page
         self.daemon = subprocess.Popen(
-            command, cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            command,
+            cwd=self.workdir,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         deadline = time.monotonic() + 300  # `make run` may still build on a cold machine
@@ -123,6 +166,9 @@ class PageRun:
         if self.python is not None:
             self.python.kill()
             self.python.wait()
+        self.stop_daemon()
+
+    def stop_daemon(self) -> None:
         if self.daemon is not None and self.daemon.poll() is None:
             os.killpg(self.daemon.pid, signal.SIGTERM)
             try:
@@ -130,12 +176,14 @@ class PageRun:
             except subprocess.TimeoutExpired:
                 os.killpg(self.daemon.pid, signal.SIGKILL)
                 self.daemon.wait()
+        self.daemon = None
 
     # -- blocks --------------------------------------------------------------
 
     def run(self, block: Block) -> None:
-        if "daemon" in block.modifiers:
-            self.start_daemon(["bash", "-c", block.body], block)
+        if "daemon" in block.modifiers:  # with the variables earlier blocks set
+            state = f"set -a; if [ -f {self.shell_state} ]; then . {self.shell_state}; fi; set +a\n"
+            self.start_daemon(["bash", "-c", state + block.body], block)
             return
         self.start_daemon([str(VENV_BIN / "stratad"), "serve", "--data-dir", "stratad-data"])
         self.counter += 1
@@ -151,15 +199,21 @@ class PageRun:
         runner(block)
 
     def fail(self, block: Block, output: str) -> None:
-        pytest.fail(f"{block.where} ({block.language}) failed:\n{block.body}\n--- output:\n"
-                    f"{output[-6000:]}\n--- daemon log (tail):\n{self.daemon_log()[-1500:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"{block.where} ({block.language}) failed:\n{block.body}\n--- output:\n"
+            f"{output[-6000:]}\n--- daemon log (tail):\n{self.daemon_log()[-1500:]}",
+            pytrace=False,
+        )
 
     def run_python(self, block: Block) -> None:
         if self.python is None:
             self.python = subprocess.Popen(
-                [str(VENV_BIN / "python"), "-c", PYTHON_DRIVER], cwd=self.workdir, env=self.env,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                [str(VENV_BIN / "python"), "-c", PYTHON_DRIVER],
+                cwd=self.workdir,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
             )
         output = self.workdir / f"block{self.counter}.out"
         request = {"code": block.body, "where": block.where, "output": str(output)}
@@ -177,8 +231,13 @@ class PageRun:
     def shell(self, script: str, block: Block) -> subprocess.CompletedProcess[str]:
         try:
             return subprocess.run(
-                ["bash", "-c", script], cwd=self.workdir, env=self.env, text=True,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=BLOCK_TIMEOUT,
+                ["bash", "-c", script],
+                cwd=self.workdir,
+                env=self.env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=BLOCK_TIMEOUT,
             )
         except subprocess.TimeoutExpired as exc:
             self.fail(block, f"still running after {BLOCK_TIMEOUT} s:\n{exc.output}")
@@ -202,8 +261,11 @@ class PageRun:
             result = self.shell(command, block)
             missing = [line for line in expected if not output_has(result.stdout, line)]
             if missing:
-                self.fail(block, f"$ {command}\n{result.stdout}\n--- expected, not printed:\n"
-                          + "\n".join(missing))
+                self.fail(
+                    block,
+                    f"$ {command}\n{result.stdout}\n--- expected, not printed:\n"
+                    + "\n".join(missing),
+                )
 
     def run_go(self, block: Block) -> None:
         module = self.workdir / f"goblock{self.counter}"
