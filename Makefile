@@ -29,10 +29,10 @@ build: $(STAMP) ## Rebuild the Rust extension into the source tree after a Rust 
 run: $(STAMP) ## Set up and run the daemon on 127.0.0.1:50051 with ./stratad-data
 	$(VENV)/bin/stratad serve
 
-test: build s3-server ## Set up (S3 test server included) and run the whole test suite
+test: build s3-server go-tools ## Set up (S3 test server and grpcurl for the docs check included) and run the whole test suite
 	$(PY) -m pytest -q
 
-test-slow: build s3-server ## Run the test suite including long soak tests (e.g. 50 crash rounds)
+test-slow: build s3-server go-tools ## Run the test suite including long soak tests (e.g. 50 crash rounds)
 	$(PY) -m pytest -q --runslow
 
 lint: $(STAMP) ## ruff lint + format check
