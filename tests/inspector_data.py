@@ -11,15 +11,24 @@
 - two crystals (one reused successfully, so the scores differ);
 
 and in tenant ``other``: the session ``elsewhere``.
+
+`fill_langgraph(target)` runs a real LangGraph graph through StratadSaver in
+tenant ``graphs`` (thread ``trip-planner``): a human message in, a node that
+answers with an AI message and sets ``destination``, then a node that
+interrupts with a question (a pending write on the last checkpoint).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 from google.protobuf import struct_pb2
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import interrupt
 
 import stratad
 from stratad.api.v1 import (
@@ -32,9 +41,15 @@ from stratad.api.v1 import (
     task_pb2,
     task_pb2_grpc,
 )
+from stratad.integrations.langgraph import StratadSaver, session_id_of, stratad_checkpoint_id
 
 TENANT = "acme"
 OTHER_TENANT = "other"
+LANGGRAPH_TENANT = "graphs"
+THREAD = "trip-planner"
+HUMAN_TEXT = "Plan a day trip from Paris"
+AI_TEXT = "Take the 9:40 train to Lyon."
+QUESTION = "Which day?"
 XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=1</script>'
 DECISION = "Chose FastAPI for the REST layer"
 
@@ -97,6 +112,48 @@ def fill(target: str, token: str = "") -> Filled:
         client.create_session("elsewhere")
         client.save_state("elsewhere", b"{}")
     return Filled(c1, c2, c3, c1b, fork_first, fork_second, binary, crystal_reused, crystal_plain)
+
+
+@dataclass(frozen=True)
+class LangGraphFilled:
+    session_id: str
+    #: stratad checkpoint IDs by LangGraph step: -1 (the input), 0 (the human
+    #: message in the channels), 1 (the AI answer and the destination added).
+    by_step: dict[int, str]
+
+
+class Trip(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    destination: str
+
+
+def fill_langgraph(target: str, token: str = "") -> LangGraphFilled:
+    def plan(state: Trip) -> Trip:
+        return {"messages": [AIMessage(content=AI_TEXT)], "destination": "Lyon"}
+
+    def ask(state: Trip) -> Trip:
+        day = interrupt({"question": QUESTION})
+        return {"messages": [HumanMessage(content=f"on {day}")]}
+
+    builder = StateGraph(Trip)
+    builder.add_node("plan", plan)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "ask")
+    builder.add_edge("ask", END)
+    config: Any = {"configurable": {"thread_id": THREAD}}
+    with StratadSaver(target, tenant=LANGGRAPH_TENANT, token=token or None) as saver:
+        graph = builder.compile(checkpointer=saver)
+        out = graph.invoke({"messages": [HumanMessage(content=HUMAN_TEXT)]}, config)
+        assert out["__interrupt__"][0].value == {"question": QUESTION}, out
+        by_step = {
+            int(t.metadata["step"]): stratad_checkpoint_id(
+                THREAD, "", t.config["configurable"]["checkpoint_id"]
+            )
+            for t in saver.list(config)
+        }
+    assert sorted(by_step) == [-1, 0, 1], by_step
+    return LangGraphFilled(session_id_of(THREAD), by_step)
 
 
 def _structured(client: stratad.Client, session_id: str) -> None:

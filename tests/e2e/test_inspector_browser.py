@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -18,12 +19,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from inspector_data import DECISION, TENANT, XSS, Filled, fill
+from inspector_data import (
+    AI_TEXT,
+    DECISION,
+    HUMAN_TEXT,
+    LANGGRAPH_TENANT,
+    QUESTION,
+    TENANT,
+    XSS,
+    Filled,
+    fill,
+    fill_langgraph,
+)
 
 from stratad.server.auth import token_digest
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 WAIT_SECONDS = 20.0
+#: How the page shows every time: ISO 8601 UTC.
+ISO_UTC = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\b")
+#: An epoch time in seconds (this century), as the page must never show one.
+EPOCH = re.compile(r"\b1[5-9]\d{8}(\.\d+)?\b")
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -176,6 +192,10 @@ def _checkpoint_tree_and_diff(driver: Driver, base: str, f: Filled) -> None:
         By.CSS_SELECTOR, f'li[data-checkpoint="{f.c1}"] > ul.branch li[data-checkpoint="{f.c1b}"]'
     )
     assert f.c1b in branch.text
+    # Times in ISO 8601 UTC: the summary's and each checkpoint's.
+    assert len(ISO_UTC.findall(summary)) == 2, summary
+    created = driver.find_element(By.CSS_SELECTOR, f'li[data-checkpoint="{f.c1}"] .meta time')
+    assert ISO_UTC.fullmatch(created.text) and created.get_attribute("datetime") == created.text
 
     _pick(driver, "pick-a", f.c2)
     _pick(driver, "pick-b", f.c3)
@@ -224,8 +244,13 @@ def _structured_state(driver: Driver, base: str) -> None:
         "the cognitive state",
     )[0]
     assert DECISION in cognitive.text
+    # The cognitive state's times (created, last updated, the decision's) are ISO
+    # 8601 UTC, not epoch seconds.
+    assert len(ISO_UTC.findall(cognitive.text)) == 3, cognitive.text
+    assert not EPOCH.search(cognitive.text), cognitive.text
     task = driver.find_element(By.CSS_SELECTOR, '[data-testid="task-row"]')
     assert "fetch-docs" in task.text and "completed" in task.text
+    assert ISO_UTC.search(task.text), task.text
     assert (
         "summarise the docs" in driver.find_element(By.CSS_SELECTOR, '[data-testid="agent"]').text
     )
@@ -241,6 +266,70 @@ def _crystals_page(driver: Driver, base: str, f: Filled) -> None:
     assert scores == ["0.900", "0.750"]
     assert [e.text for e in rows(driver, "success-score")] == ["0.800", "0.750"]
     _screenshot(driver, "crystals")
+
+
+def test_inspector_decodes_langgraph_checkpoints_in_chromium(
+    start_daemon: Callable[..., Daemon], get_free_port: Callable[[], int], browser: Driver
+) -> None:
+    daemon, base = _start_inspected(start_daemon, get_free_port())
+    graphs = fill_langgraph(daemon.target)
+    step_0, step_1 = graphs.by_step[0], graphs.by_step[1]
+    browser.get(f"{base}/#/t/{LANGGRAPH_TENANT}/s/{graphs.session_id}")
+    wait_for(browser, lambda d: len(rows(d, "checkpoint")) == 3, "three LangGraph checkpoints")
+    badges = [e.text for e in rows(browser, "lg-step")]
+    assert badges == [
+        "LangGraph step -1 · input",
+        "LangGraph step 0 · loop",
+        "LangGraph step 1 · loop",
+    ]
+
+    # The state: the messages as a transcript, the channel values as JSON, not hex.
+    browser.find_element(By.CSS_SELECTOR, f'li[data-checkpoint="{step_1}"] a.ckpt').click()
+    wait_for(browser, lambda d: len(rows(d, "message")) == 2, "the checkpoint's two messages")
+    human, ai = rows(browser, "message")
+    assert human.get_attribute("data-type") == "human" and HUMAN_TEXT in human.text
+    assert ai.get_attribute("data-type") == "ai" and AI_TEXT in ai.text
+    channels = browser.find_element(By.CSS_SELECTOR, '[data-testid="state-channels"]').text
+    assert '"destination": "Lyon"' in channels and AI_TEXT in channels
+    metadata = browser.find_element(By.CSS_SELECTOR, '[data-testid="state-metadata"]').text
+    assert '"step": 1' in metadata and '"source": "loop"' in metadata
+    interrupt = browser.find_element(
+        By.CSS_SELECTOR, '[data-testid="write-row"][data-channel="__interrupt__"]'
+    )
+    assert QUESTION in interrupt.text
+    state = browser.find_element(By.CSS_SELECTOR, '[data-testid="state"]')
+    assert "LangGraph checkpoint (msgpack), decoded" in state.text
+    assert ISO_UTC.search(state.text) and not EPOCH.search(state.text)
+    assert browser.find_elements(By.CSS_SELECTOR, "#state pre.hex") == []
+    _screenshot(browser, "langgraph-state")
+
+    # The diff between two checkpoints: the channels that changed, decoded.
+    _pick(browser, "pick-a", step_0)
+    _pick(browser, "pick-b", step_1)
+    browser.find_element(By.CSS_SELECTOR, '[data-testid="compare"]').click()
+    added = wait_for(
+        browser,
+        lambda d: d.find_elements(
+            By.CSS_SELECTOR, '[data-pointer="/checkpoint/channel_values/messages/1"]'
+        ),
+        "the AI message in the diff",
+    )[0]
+    assert added.get_attribute("data-op") == "added" and AI_TEXT in added.text
+    destination = browser.find_element(
+        By.CSS_SELECTOR, '[data-pointer="/checkpoint/channel_values/destination"]'
+    )
+    assert destination.get_attribute("data-op") == "added" and "Lyon" in destination.text
+    step = browser.find_element(By.CSS_SELECTOR, '[data-pointer="/metadata/step"]')
+    assert step.text.split()[-2:] == ["0", "1"]
+    summary = browser.find_element(By.CSS_SELECTOR, '[data-testid="diff-summary"]').text
+    assert "two decoded LangGraph checkpoints" in summary
+    # LangGraph's own bookkeeping (versions, IDs, times) is folded away.
+    bookkeeping = browser.find_element(By.CSS_SELECTOR, '[data-testid="diff-bookkeeping"]')
+    assert bookkeeping.get_attribute("open") is None
+    assert not browser.find_element(
+        By.CSS_SELECTOR, '[data-pointer="/checkpoint/id"]'
+    ).is_displayed()
+    _screenshot(browser, "langgraph-diff")
 
 
 def test_inspector_asks_for_an_admin_token_when_auth_is_on(

@@ -6,8 +6,10 @@ through the SDK (tests/inspector_data.py) and reads the inspector over HTTP.
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import json
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -17,17 +19,24 @@ from typing import Any
 
 import pytest
 from inspector_data import (
+    AI_TEXT,
     DECISION,
+    HUMAN_TEXT,
+    LANGGRAPH_TENANT,
     OTHER_TENANT,
+    QUESTION,
     STATE_2,
     STATE_3,
     TENANT,
     XSS,
     Filled,
+    LangGraphFilled,
     fill,
+    fill_langgraph,
 )
 
 import stratad
+from stratad.api.v1 import agent_pb2, agent_pb2_grpc
 from stratad.inspector import reader as reader_module
 from stratad.inspector.http import HttpStartError
 from stratad.inspector.reader import Reader
@@ -96,6 +105,18 @@ def inspected(inprocess_server: Callable[..., Any]) -> Inspected:
 
 
 SESSION = f"/api/tenants/{TENANT}/sessions"
+GRAPHS = f"/api/tenants/{LANGGRAPH_TENANT}/sessions"
+ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+LANGGRAPH_MSGPACK = "application/vnd.langgraph.checkpoint+msgpack"
+
+
+def assert_iso(shown: Any, seconds: float | None = None) -> None:
+    """``shown`` is an ISO 8601 UTC time (of ``seconds``, to the millisecond)."""
+    assert isinstance(shown, str) and ISO_UTC.fullmatch(shown), shown
+    if seconds is not None:
+        parsed = datetime.datetime.fromisoformat(shown.replace("Z", "+00:00"))
+        assert parsed.tzinfo == datetime.UTC
+        assert abs(parsed.timestamp() - seconds) < 0.001, (shown, seconds)
 
 
 # -- tenants and sessions ------------------------------------------------------------------
@@ -209,6 +230,184 @@ def test_diff_with_a_binary_state_is_not_comparable(inspected: Inspected) -> Non
     diff = inspected.api(f"{SESSION}/batch-7/diff?a={inspected.filled.binary}&b={text}")
     assert diff["comparable"] is False and diff["identical"] is False
     assert "changes" not in diff
+    assert diff["states"]["b"] == {"encoding": "json"}
+    assert diff["states"]["a"]["encoding"] == "not_json"
+    assert "neither JSON nor a LangGraph checkpoint" in diff["states"]["a"]["why"]
+
+
+# -- LangGraph checkpoints (StratadSaver) -------------------------------------------------------
+
+
+@pytest.fixture
+def graphs(inspected: Inspected) -> LangGraphFilled:
+    """A real LangGraph graph run through StratadSaver into the inspected daemon."""
+    return fill_langgraph(inspected.server.target)
+
+
+def test_a_langgraph_checkpoint_is_decoded_with_its_messages(
+    inspected: Inspected, graphs: LangGraphFilled
+) -> None:
+    shown = inspected.api(f"{GRAPHS}/{graphs.session_id}/checkpoints/{graphs.by_step[1]}")
+    assert shown["checkpoint"]["content_type"] == LANGGRAPH_MSGPACK
+    state = shown["state"]
+    assert state["encoding"] == "langgraph" and state["serde"] == "msgpack"
+    assert "hex" not in state and "undecoded" not in state
+    # The messages, readable: their type and text.
+    assert state["messages"] == [
+        {
+            "pointer": "/checkpoint/channel_values/messages/0",
+            "type": "human",
+            "class": "HumanMessage",
+            "content": HUMAN_TEXT,
+        },
+        {
+            "pointer": "/checkpoint/channel_values/messages/1",
+            "type": "ai",
+            "class": "AIMessage",
+            "content": AI_TEXT,
+        },
+    ]
+    assert state["messages_truncated"] is False
+    # The channel values as JSON, as `stratad ctl checkpoints show --decode langgraph`.
+    value = state["value"]
+    channels = value["checkpoint"]["channel_values"]
+    assert channels["destination"] == "Lyon"
+    assert [(m["$type"], m["type"], m["content"]) for m in channels["messages"]] == [
+        ("HumanMessage", "human", HUMAN_TEXT),
+        ("AIMessage", "ai", AI_TEXT),
+    ]
+    assert (value["metadata"]["step"], value["metadata"]["source"]) == (1, "loop")
+    assert value["parent_checkpoint_id"] is not None
+    # The interrupt the graph stopped at: a pending write, decoded too.
+    interrupts = [w for w in state["pending_writes"] if w["channel"] == "__interrupt__"]
+    assert len(interrupts) == 1
+    assert interrupts[0]["value"][0]["$type"] == "Interrupt"
+    assert interrupts[0]["value"][0]["value"] == {"question": QUESTION}
+
+
+def test_the_input_checkpoints_messages_are_found_inside_their_channel(
+    inspected: Inspected, graphs: LangGraphFilled
+) -> None:
+    shown = inspected.api(f"{GRAPHS}/{graphs.session_id}/checkpoints/{graphs.by_step[-1]}")
+    state = shown["state"]
+    assert state["value"]["metadata"]["source"] == "input"
+    assert [(m["pointer"], m["type"], m["content"]) for m in state["messages"]] == [
+        ("/checkpoint/channel_values/__start__/messages/0", "human", HUMAN_TEXT)
+    ]
+
+
+def test_a_diff_between_two_langgraph_checkpoints_lists_the_changed_channels(
+    inspected: Inspected, graphs: LangGraphFilled
+) -> None:
+    before, after = graphs.by_step[0], graphs.by_step[1]
+    diff = inspected.api(f"{GRAPHS}/{graphs.session_id}/diff?a={before}&b={after}")
+    assert diff["comparable"] is True and diff["identical"] is False
+    assert diff["states"] == {"a": {"encoding": "langgraph"}, "b": {"encoding": "langgraph"}}
+    changes = {c["pointer"]: c for c in diff["changes"]}
+    message = changes["/checkpoint/channel_values/messages/1"]
+    assert message["op"] == "added" and AI_TEXT in message["after"]
+    destination = changes["/checkpoint/channel_values/destination"]
+    assert (destination["op"], destination["after"]) == ("added", '"Lyon"')
+    step = changes["/metadata/step"]
+    assert (step["op"], step["before"], step["after"]) == ("changed", "0", "1")
+    # The human message, in both, is no change.
+    assert not any(p.startswith("/checkpoint/channel_values/messages/0") for p in changes)
+
+
+def test_a_langgraph_checkpoint_that_cannot_be_decoded_says_why(
+    inspected: Inspected, graphs: LangGraphFilled
+) -> None:
+    with stratad.Client(inspected.server.target, tenant=LANGGRAPH_TENANT) as client:
+        save = client.save_state
+        garbled = save(graphs.session_id, b"\xc1\xc1 not msgpack", content_type=LANGGRAPH_MSGPACK)
+        pickled = save(
+            graphs.session_id,
+            b"\x80\x04K\x01.",
+            content_type="application/vnd.langgraph.checkpoint+pickle",
+        )
+    base = f"{GRAPHS}/{graphs.session_id}"
+    shown = inspected.api(f"{base}/checkpoints/{garbled.checkpoint_id}")["state"]
+    assert shown["encoding"] == "binary" and shown["hex"].startswith("c1c1")
+    assert "LangGraph's serializer cannot read this msgpack checkpoint" in shown["undecoded"]
+    shown = inspected.api(f"{base}/checkpoints/{pickled.checkpoint_id}")["state"]
+    assert shown["encoding"] == "binary" and "never unpickles" in shown["undecoded"]
+
+    diff = inspected.api(f"{base}/diff?a={graphs.by_step[1]}&b={pickled.checkpoint_id}")
+    assert diff["comparable"] is False and "changes" not in diff
+    assert diff["states"]["a"] == {"encoding": "langgraph"}
+    assert "never unpickles" in diff["states"]["b"]["why"]
+
+
+def test_a_langgraph_payload_naming_a_callable_never_calls_it(
+    inspected: Inspected, graphs: LangGraphFilled, tmp_path: Path
+) -> None:
+    """The daemon decodes every tenant's bytes: LangGraph's serializer runs strict, so a
+    payload naming ``os.mkdir`` (LangGraph's default would call it) shows its arguments."""
+    import ormsgpack
+
+    target = tmp_path / "made-by-a-payload"
+    call = ormsgpack.Ext(1, ormsgpack.packb(["os", "mkdir", [str(target)]]))  # constructor
+    envelope = {
+        "checkpoint": {"v": 4, "id": "x", "ts": "", "channel_values": {"evil": call}},
+        "metadata": {"step": 7},
+        "parent_checkpoint_id": None,
+    }
+    with stratad.Client(inspected.server.target, tenant=LANGGRAPH_TENANT) as client:
+        saved = client.save_state(
+            graphs.session_id, ormsgpack.packb(envelope), content_type=LANGGRAPH_MSGPACK
+        )
+    shown = inspected.api(f"{GRAPHS}/{graphs.session_id}/checkpoints/{saved.checkpoint_id}")
+    assert shown["state"]["encoding"] == "langgraph"
+    assert shown["state"]["value"]["checkpoint"]["channel_values"] == {"evil": [str(target)]}
+    assert not target.exists()
+
+
+# -- times --------------------------------------------------------------------------------------
+
+
+def test_times_are_iso_8601_utc_next_to_their_number(
+    inspected: Inspected, graphs: LangGraphFilled
+) -> None:
+    listed = inspected.api(SESSION)["sessions"][1]
+    assert_iso(listed["created_at_iso"], listed["created_at"])
+    assert_iso(listed["updated_at_iso"], listed["updated_at"])
+    session = inspected.api(f"{SESSION}/chat-1")
+    assert_iso(session["created_at_iso"], session["created_at"])
+    for checkpoint in session["checkpoints"]:
+        assert_iso(checkpoint["created_at_iso"], checkpoint["created_at"])
+    assert_iso(session["forks"][0]["created_at_iso"], session["forks"][0]["created_at"])
+    shown = inspected.api(f"{SESSION}/chat-1/checkpoints/{inspected.filled.c1}")
+    assert_iso(shown["checkpoint"]["created_at_iso"], shown["checkpoint"]["created_at"])
+    diff = inspected.api(f"{SESSION}/chat-1/diff?a={inspected.filled.c1}&b={inspected.filled.c2}")
+    assert_iso(diff["a"]["created_at_iso"], diff["a"]["created_at"])
+    for crystal in inspected.api(f"/api/tenants/{TENANT}/crystals")["crystals"]:
+        assert_iso(crystal["created_at_iso"], crystal["created_at"])
+    lg = inspected.api(f"{GRAPHS}/{graphs.session_id}")
+    assert all(ISO_UTC.fullmatch(c["created_at_iso"]) for c in lg["checkpoints"])
+
+
+def test_the_structured_states_times_are_iso_8601_utc(inspected: Inspected) -> None:
+    with stratad.Client(inspected.server.target, tenant=TENANT) as client:
+        agent = agent_pb2_grpc.AgentStateServiceStub(client.channel)
+        request = agent_pb2.ApplyReasoningRequest(session_id="batch-7", thinking="read the index")
+        client.call(agent.ApplyReasoning, request)
+    shown = inspected.api(f"{SESSION}/batch-7/structured")
+    cognitive = shown["cognitive"]
+    assert_iso(cognitive["crystallized"]["created_at"])
+    assert_iso(cognitive["fluid"]["last_updated"])
+    decision = cognitive["insights"]["decision_log"][0]
+    assert decision["decision"] == DECISION and decision["step"] == 3
+    assert_iso(decision["timestamp"])
+    task = shown["tasks"]["tasks"]["fetch-docs"]
+    assert_iso(task["created_at"])
+    assert_iso(task["updated_at"])
+    # Thoughts are stamped in the daemon's local time without a zone (as the seed
+    # does): shown in UTC.
+    thought = shown["agent"]["reasoning"]["thoughts"][0]
+    assert thought["thinking"] == "read the index"
+    assert_iso(thought["timestamp"])
+    # The agent's own values are left alone.
+    assert task["result"] == {"pages": 12, "summary": XSS}
 
 
 # -- structured state and crystals --------------------------------------------------------------

@@ -4,7 +4,8 @@ A page a person opens in a browser to look inside the daemon: tenants and
 their sessions (searched by ID or label), a session's checkpoint tree with
 its forks and a JSON diff between any two checkpoints, the session's
 cognitive state, tasks and agent state, and a tenant's crystals with their
-scores. User guide: docs/inspector.md.
+scores. LangGraph checkpoints (StratadSaver's) are decoded, their messages
+listed; times are ISO 8601 UTC. User guide: docs/inspector.md.
 
 - `http`: a small asyncio HTTP/1.1 server (GET only);
 - `reader`: the reads, over the domain layer, that never write;

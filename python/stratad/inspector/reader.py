@@ -12,15 +12,33 @@ Read-only means more than "calls no mutation":
   session from object storage onto the local disk;
 - session state is copied under the session's lock and decoded outside it,
   so the inspector holds a lock no longer than a listing call does.
+
+What it decodes: a checkpoint StratadSaver stored (LangGraph's serializer's
+bytes) becomes the JSON `stratad ctl checkpoints show --decode langgraph`
+prints (`stratad.ctl.decode.to_jsonable`), with its messages listed as a
+transcript; other states are JSON, text or a hex preview. LangGraph's
+serializer runs in its strict mode here: the daemon reads every tenant's
+bytes, so it rebuilds only LangGraph's safe types (messages, Send,
+Interrupt, datetimes...), never a class or callable a payload names, and
+never unpickles.
+
+Times are shown as ISO 8601 UTC (``2026-11-27T18:31:02.517Z``): records the
+page lists keep their number (``created_at``) and gain a ``created_at_iso``;
+the structured state's times are converted where they stand.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import datetime
+import functools
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from stratad.ctl import decode as state_decode
 from stratad.domain.crystals import Crystal
 from stratad.domain.ids import validate_id
 from stratad.domain.models import Checkpoint
@@ -47,6 +65,12 @@ HEX_PREVIEW_BYTES = 256
 TEXT_PREVIEW_CHARS = 64 << 10
 #: The structured-state facets the session page shows.
 FACETS = ("cognitive", "tasks", "agent")
+#: Messages listed at most in a LangGraph checkpoint's transcript.
+MAX_MESSAGES_LISTED = 1000
+#: Pending writes listed at most with a LangGraph checkpoint.
+MAX_WRITES_LISTED = 1000
+#: LangGraph serializer types the inspector decodes (never "pickle": it could run code).
+LANGGRAPH_SERDE_TYPES = ("msgpack", "json", "null")
 
 
 def valid_id(value: str, what: str) -> str:
@@ -104,7 +128,7 @@ class Reader:
             "query": query,
             "total": len(summaries),
             "matched": len(matching),
-            "sessions": matching[:MAX_SESSIONS_LISTED],
+            "sessions": [_with_iso(s) for s in matching[:MAX_SESSIONS_LISTED]],
             "truncated": len(matching) > MAX_SESSIONS_LISTED,
         }
 
@@ -119,7 +143,9 @@ class Reader:
                 "checkpoints": [_checkpoint(cp) for cp in state.checkpoints.values()],
             }
 
-        out = _locked(live, read)
+        out = _with_iso(_locked(live, read))  # times formatted outside the lock
+        for checkpoint in out["checkpoints"]:
+            _with_iso(checkpoint)
         out["tenant"] = tenant
         out["forked_from"] = self._fork_source(live, str(out["forked_from"]))
         out["forks"] = self._forks_of(live, {c["checkpoint_id"] for c in out["checkpoints"]})
@@ -148,7 +174,9 @@ class Reader:
                             "checkpoint_count": len(other.state.checkpoints),
                         }
                     )
-        return sorted(forks, key=lambda f: (f["created_at"], f["session_id"]))
+        return [
+            _with_iso(f) for f in sorted(forks, key=lambda f: (f["created_at"], f["session_id"]))
+        ]
 
     def _live(self, tenant: str, session_id: str) -> LiveSession:
         tenant = self._tenant(tenant)
@@ -161,28 +189,43 @@ class Reader:
     # -- checkpoints ---------------------------------------------------------------------
 
     def checkpoint(self, tenant: str, session_id: str, checkpoint_id: str) -> dict[str, Any]:
-        """One checkpoint and its state: JSON when it is JSON, else text or a hex summary."""
+        """One checkpoint and its state: a LangGraph checkpoint decoded, JSON when it is
+        JSON, else text or a hex summary (with why it was not decoded)."""
         live = self._live(tenant, session_id)
         cp = self._find_checkpoint(live, checkpoint_id)
+        with live.lock:
+            writes = list(cp.writes)
+        state = describe_checkpoint_state(self._read_state(live, cp), cp.size, cp.content_type)
+        if state["encoding"] == "langgraph" and writes:
+            state["pending_writes"], state["pending_writes_truncated"] = _langgraph_writes(
+                writes, cp.content_type
+            )
         return {
             "tenant": tenant,
             "session_id": session_id,
-            "checkpoint": _checkpoint(cp),
-            "state": describe_state(self._read_state(live, cp), cp.size),
+            "checkpoint": _with_iso(_checkpoint(cp)),
+            "state": state,
         }
 
     def diff(self, tenant: str, session_id: str, a: str, b: str) -> dict[str, Any]:
-        """What changed from checkpoint ``a`` to checkpoint ``b`` (both of the session)."""
+        """What changed from checkpoint ``a`` to checkpoint ``b`` (both of the session).
+
+        LangGraph checkpoints are compared decoded (the JSON the state view shows);
+        two states are not comparable when either is not JSON once decoded."""
         live = self._live(tenant, session_id)
         cp_a = self._find_checkpoint(live, a)
         cp_b = self._find_checkpoint(live, b)
-        values = [decode_json(self._read_state(live, cp)) for cp in (cp_a, cp_b)]
+        sides = [
+            comparable_value(self._read_state(live, cp), cp.content_type) for cp in (cp_a, cp_b)
+        ]
+        values = [value for value, _ in sides]
         out: dict[str, Any] = {
             "tenant": tenant,
             "session_id": session_id,
-            "a": _checkpoint(cp_a),
-            "b": _checkpoint(cp_b),
+            "a": _with_iso(_checkpoint(cp_a)),
+            "b": _with_iso(_checkpoint(cp_b)),
             "identical": cp_a.digest == cp_b.digest,
+            "states": {"a": sides[0][1], "b": sides[1][1]},
         }
         if values[0] is _NOT_JSON or values[1] is _NOT_JSON:
             out["comparable"] = False
@@ -229,6 +272,7 @@ class Reader:
         # Serialized under the lock: facets may share lists with the live state.
         encoded = _locked(live, lambda live: json.dumps(_facets(live)))
         facets: dict[str, Any] = json.loads(encoded)
+        _show_times(facets)
         out: dict[str, Any] = {"tenant": tenant, "session_id": session_id, **facets}
         tasks = facets.get("tasks")
         if isinstance(tasks, dict) and isinstance(tasks.get("tasks"), dict):
@@ -255,7 +299,7 @@ class Reader:
         return {
             "tenant": tenant,
             "stats": dataclasses.asdict(library.stats(tenant)),
-            "crystals": [dataclasses.asdict(c) for c in crystals[:MAX_CRYSTALS_LISTED]],
+            "crystals": [_with_iso(dataclasses.asdict(c)) for c in crystals[:MAX_CRYSTALS_LISTED]],
             "truncated": bool(token) or len(crystals) > MAX_CRYSTALS_LISTED,
         }
 
@@ -377,4 +421,280 @@ def describe_state(data: bytes | None, size: int) -> dict[str, Any]:
     }
 
 
-__all__ = ["Reader", "decode_json", "describe_state", "valid_id"]
+def describe_checkpoint_state(data: bytes | None, size: int, content_type: str) -> dict[str, Any]:
+    """How the page shows a checkpoint's state: a LangGraph checkpoint decoded
+    (``encoding`` langgraph: ``value``, ``messages``), else as `describe_state`;
+    a LangGraph checkpoint that cannot be decoded says why (``undecoded``)."""
+    if data is None or not state_decode.is_langgraph(content_type):
+        return describe_state(data, size)
+    try:
+        value = decode_langgraph(data, content_type)
+    except Undecodable as exc:
+        return {**describe_state(data, size), "undecoded": str(exc)}
+    messages, truncated = messages_in(value)
+    return {
+        "encoding": "langgraph",
+        "size": size,
+        "serde": _serde_type(content_type),
+        "value": value,
+        "messages": messages,
+        "messages_truncated": truncated,
+    }
+
+
+def comparable_value(data: bytes | None, content_type: str) -> tuple[Any, dict[str, str]]:
+    """The JSON a diff compares (_NOT_JSON if none) and ``{encoding, why?}``: why a
+    state is not compared."""
+    if data is None:
+        why = f"larger than the {MAX_DECODED_BYTES >> 20} MiB the inspector decodes"
+        return _NOT_JSON, {"encoding": "too_large", "why": why}
+    undecoded = ""
+    if state_decode.is_langgraph(content_type):
+        try:
+            return decode_langgraph(data, content_type), {"encoding": "langgraph"}
+        except Undecodable as exc:
+            undecoded = str(exc)
+    value = decode_json(data)
+    if value is not _NOT_JSON:
+        return value, {"encoding": "json"}
+    return _NOT_JSON, {"encoding": "not_json", "why": undecoded or _OPAQUE}
+
+
+_OPAQUE = "neither JSON nor a LangGraph checkpoint StratadSaver stored"
+
+
+class Undecodable(Exception):
+    """A LangGraph checkpoint the inspector cannot decode; the message says why."""
+
+
+@functools.cache
+def _langgraph_serde() -> Any:
+    """LangGraph's own serializer, strict: only its allowlist of safe types is rebuilt.
+
+    The default (permissive) one imports and calls whatever module and callable a
+    msgpack payload names, which is code execution for anyone who can save a state.
+    """
+    try:
+        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    except ImportError:
+        raise Undecodable(
+            "decoding it needs LangGraph where the daemon runs (pip install 'stratad[langgraph]')"
+        ) from None
+    return JsonPlusSerializer(
+        pickle_fallback=False, allowed_json_modules=None, allowed_msgpack_modules=None
+    )
+
+
+def _serde_type(content_type: str) -> str:
+    return content_type[len(state_decode.LANGGRAPH_CONTENT_TYPE_PREFIX) :]
+
+
+def decode_langgraph(data: bytes, content_type: str) -> Any:
+    """A StratadSaver checkpoint as JSON, ``{checkpoint, metadata, parent_checkpoint_id}``:
+    what `stratad ctl checkpoints show --decode langgraph` prints (its `to_jsonable`),
+    read with the strict serializer. Raises Undecodable."""
+    return _loads_langgraph(_serde_type(content_type), data, "checkpoint")
+
+
+def _loads_langgraph(serde_type: str, data: bytes, what: str) -> Any:
+    if serde_type not in LANGGRAPH_SERDE_TYPES:
+        if serde_type == "pickle":
+            raise Undecodable(
+                f"this {what} is pickled, and the inspector never unpickles what agents "
+                "stored (unpickling can run code)"
+            )
+        raise Undecodable(
+            f"this {what} was serialized as {serde_type[:100]!r}, which the inspector does not "
+            f"decode (it reads {', '.join(LANGGRAPH_SERDE_TYPES)}: an encrypted or custom "
+            "serializer's bytes stay opaque)"
+        )
+    serde = _langgraph_serde()
+    try:
+        value = state_decode.to_jsonable(serde.loads_typed((serde_type, data)))
+    except RecursionError:
+        raise Undecodable(f"this {what} is nested too deeply to show") from None
+    except Exception as exc:
+        raise Undecodable(
+            f"LangGraph's serializer cannot read this {serde_type} {what}: {str(exc)[:300]}"
+        ) from None
+    return _finite(value)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as strings: a browser's JSON.parse rejects them."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return _replace_non_finite(value)
+    return value
+
+
+def _replace_non_finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {k: _replace_non_finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_non_finite(v) for v in value]
+    return value
+
+
+def messages_in(value: Any) -> tuple[list[dict[str, Any]], bool]:
+    """The LangChain messages in a decoded checkpoint's channel values, in document
+    order, each as ``{pointer, type, class, content}`` (and ``name``, ``role``,
+    ``tool_calls``, ``tool_call_id`` when set); True if cut at MAX_MESSAGES_LISTED."""
+    checkpoint = value.get("checkpoint") if isinstance(value, dict) else None
+    channels = checkpoint.get("channel_values") if isinstance(checkpoint, dict) else None
+    if not isinstance(channels, dict):
+        return [], False
+    found: list[dict[str, Any]] = []
+    for pointer, node in _walk(channels, "/checkpoint/channel_values"):
+        if len(found) == MAX_MESSAGES_LISTED:
+            return found, True
+        found.append(_message(pointer, node))
+    return found, False
+
+
+def _walk(root: Any, pointer: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Message-like objects under ``root`` (not inside one another), in document order."""
+    stack: list[tuple[str, Any]] = [(pointer, root)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            if _is_message(node):
+                yield path, node
+                continue
+            children = [(path + jsondiff.pointer((k,)), v) for k, v in node.items()]
+        elif isinstance(node, list):
+            children = [(f"{path}/{i}", v) for i, v in enumerate(node)]
+        else:
+            continue
+        stack.extend(reversed(children))
+
+
+def _is_message(node: dict[str, Any]) -> bool:
+    kind = node.get("$type")
+    return (
+        isinstance(kind, str) and kind.endswith(("Message", "MessageChunk")) and "content" in node
+    )
+
+
+def _message(pointer: str, node: dict[str, Any]) -> dict[str, Any]:
+    kind = node.get("type")
+    shown: dict[str, Any] = {
+        "pointer": pointer,
+        "type": kind if isinstance(kind, str) and kind else node["$type"],
+        "class": node["$type"],
+        "content": node["content"],
+    }
+    for extra in ("name", "role", "tool_calls", "tool_call_id"):
+        if node.get(extra):
+            shown[extra] = node[extra]
+    return shown
+
+
+def _langgraph_writes(
+    writes: list[dict[str, Any]], content_type: str
+) -> tuple[list[dict[str, Any]], bool]:
+    """A LangGraph checkpoint's pending writes (an interrupt, a task's output not yet
+    applied), each value decoded like the checkpoint; True if cut at MAX_WRITES_LISTED."""
+    shown = []
+    budget = MAX_DECODED_BYTES
+    ordered = sorted(writes, key=lambda w: (w["task_path"], w["task_id"], w["idx"]))
+    for w in ordered[:MAX_WRITES_LISTED]:
+        entry = {k: w[k] for k in ("task_id", "task_path", "idx", "channel", "type", "size")}
+        if w["size"] > budget:
+            entry["undecoded"] = "past what the inspector decodes for one checkpoint"
+        else:
+            budget -= w["size"]
+            try:
+                data = base64.b64decode(w["value"], validate=True)
+                entry["value"] = _loads_langgraph(w["type"], data, "write")
+            except ValueError:  # never stored so: the journal's checksum passed
+                entry["undecoded"] = "its stored value is not valid base64"
+            except Undecodable as exc:
+                entry["undecoded"] = str(exc)
+        shown.append(entry)
+    return shown, len(writes) > MAX_WRITES_LISTED
+
+
+# -- times -----------------------------------------------------------------------------------
+
+
+def _with_iso(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with ``created_at_iso`` and ``updated_at_iso`` next to the numbers."""
+    for key in ("created_at", "updated_at"):
+        if key in record:
+            record[f"{key}_iso"] = iso_time(record[key])
+    return record
+
+
+def iso_time(seconds: Any) -> str | None:
+    """Epoch seconds as ISO 8601 UTC, ``2026-11-27T18:31:02.517Z``; None for no time."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds:
+        return None
+    try:
+        moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return _iso(moment)
+
+
+def _iso(moment: datetime.datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _local_iso_as_utc(text: Any) -> str | None:
+    """An ISO time without a zone, written in the daemon's local time (the agent
+    state's thought timestamps, as the seed writes them), in UTC; None if not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return _iso(moment.astimezone(datetime.UTC))  # a naive time is taken as local
+
+
+def _show_times(facets: dict[str, Any]) -> None:
+    """The structured state's own times (never the agent's values) as ISO 8601 UTC,
+    in place (``facets`` is a copy): cognitive ``created_at``, ``last_updated`` and
+    decision ``timestamp``; tasks' ``created_at`` and ``updated_at``; thoughts'
+    ``timestamp``."""
+    cognitive = _dict(facets.get("cognitive"))
+    _convert(_dict(cognitive.get("crystallized")), "created_at", iso_time)
+    _convert(_dict(cognitive.get("fluid")), "last_updated", iso_time)
+    for entry in _list(_dict(cognitive.get("insights")).get("decision_log")):
+        _convert(_dict(entry), "timestamp", iso_time)
+    for task in _dict(_dict(facets.get("tasks")).get("tasks")).values():
+        _convert(_dict(task), "created_at", iso_time)
+        _convert(_dict(task), "updated_at", iso_time)
+    for thought in _list(_dict(_dict(facets.get("agent")).get("reasoning")).get("thoughts")):
+        _convert(_dict(thought), "timestamp", _local_iso_as_utc)
+
+
+def _convert(record: dict[str, Any], key: str, how: Callable[[Any], str | None]) -> None:
+    shown = how(record.get(key))
+    if shown is not None:
+        record[key] = shown
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+__all__ = [
+    "Reader",
+    "comparable_value",
+    "decode_json",
+    "decode_langgraph",
+    "describe_checkpoint_state",
+    "describe_state",
+    "iso_time",
+    "messages_in",
+    "valid_id",
+]

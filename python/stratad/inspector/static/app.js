@@ -11,9 +11,13 @@
 //   #/t/TENANT/s/SESSION?a=&b=&c=   a session: checkpoint tree, diff A->B, state of C,
 //                                   cognitive state, tasks, agent state
 //   #/t/TENANT/crystals             the tenant's crystals and their scores
+//
+// Times come from the API as ISO 8601 UTC strings (`created_at_iso`, and the
+// structured state's own times) and are shown as they are.
 "use strict";
 
 const TOKEN_KEY = "stratad-inspector-token";
+const LANGGRAPH_TYPE = "application/vnd.langgraph.checkpoint+";
 const main = () => document.getElementById("main");
 
 // -- DOM helpers ---------------------------------------------------------------------
@@ -33,8 +37,13 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// Replaces a node's children, leaving out the absent ones (null, undefined, false).
+function fill(node, ...children) {
+  node.replaceChildren(...children.filter((c) => c !== undefined && c !== null && c !== false));
+}
+
 function show(...nodes) {
-  main().replaceChildren(...nodes);
+  fill(main(), ...nodes);
 }
 
 function enc(part) {
@@ -50,9 +59,16 @@ function sessionHash(tenant, session, params) {
   return `#/t/${enc(tenant)}/s/${enc(session)}${query ? "?" + query : ""}`;
 }
 
-function time(seconds) {
-  if (!seconds) return "";
-  return new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z";
+// An ISO 8601 UTC time from the API (2026-11-27T18:31:02.517Z), as a <time> element.
+function time(iso) {
+  if (typeof iso !== "string" || !iso) return "";
+  return el("time", { datetime: iso }, iso);
+}
+
+// Any time string (LangGraph's own `ts`, with +00:00) in the same UTC form.
+function isoOf(text) {
+  const parsed = new Date(text);
+  return Number.isNaN(parsed.getTime()) ? String(text) : parsed.toISOString();
 }
 
 function bytes(n) {
@@ -136,7 +152,7 @@ function errorBox(error) {
 // A panel's request failed: sign in again on 401, else show the error in the panel.
 function failed(panel, error, ...heading) {
   if (error instanceof ApiError && error.status === 401) loginForm(error);
-  else panel.replaceChildren(...heading, errorBox(error));
+  else fill(panel, ...heading, errorBox(error));
 }
 
 function loginForm(error) {
@@ -250,11 +266,12 @@ async function loadSessions(tenant, query, results) {
       el("td", { class: "num" }, s.checkpoint_count),
       el("td", {}, s.forked_from ? "fork" : ""),
       el("td", {}, s.facets.join(", ")),
-      el("td", {}, time(s.updated_at)),
+      el("td", {}, time(s.updated_at_iso)),
     ),
   );
   const summary = `${data.matched} of ${data.total} sessions` + (data.truncated ? " (first 1000 shown)" : "");
-  results.replaceChildren(
+  fill(
+    results,
     el("p", { class: "muted", "data-testid": "session-count" }, summary),
     table(["session", "status", "labels", "checkpoints", "origin", "structured state", "updated"], rows, {
       "data-testid": "sessions",
@@ -295,8 +312,8 @@ function sessionSummary(tenant, s) {
     ["status", el("span", { class: `status ${s.status}` }, s.status)],
     ["version", s.version],
     ["labels", labelChips(s.labels)],
-    ["created", time(s.created_at)],
-    ["updated", time(s.updated_at)],
+    ["created", time(s.created_at_iso)],
+    ["updated", time(s.updated_at_iso)],
     ["head", el("code", {}, s.head || "none")],
     ["checkpoints", s.checkpoints.length],
     ["retention", s.keep_last ? `keep last ${s.keep_last}` : "keep all"],
@@ -403,8 +420,10 @@ function checkpointItem(tenant, session, cp, picked, forks) {
       "aria-label": `${name === "pick-a" ? "A" : "B"}: ${id}`,
       "data-testid": name,
     });
+  const step = langGraphStep(cp);
   const badges = [
     id === session.head ? el("span", { class: "badge head" }, "HEAD") : null,
+    step ? el("span", { class: "badge lg", "data-testid": "lg-step" }, step) : null,
     cp.name ? el("span", { class: "badge name" }, `name: ${cp.name}`) : null,
     cp.namespace ? el("span", { class: "badge" }, `ns: ${cp.namespace}`) : null,
     cp.pending_writes ? el("span", { class: "badge" }, `${cp.pending_writes} writes`) : null,
@@ -421,7 +440,7 @@ function checkpointItem(tenant, session, cp, picked, forks) {
         class: "mono ckpt",
       }),
       badges,
-      el("span", { class: "meta" }, `${time(cp.created_at)} · ${bytes(cp.size)} · stored ${bytes(cp.stored_bytes)}`),
+      el("span", { class: "meta" }, time(cp.created_at_iso), ` · ${bytes(cp.size)} · stored ${bytes(cp.stored_bytes)}`),
     ),
   );
   if (forks.length) {
@@ -435,13 +454,26 @@ function checkpointItem(tenant, session, cp, picked, forks) {
             { class: "fork", "data-testid": "fork", "data-session": f.session_id },
             "↳ forked into session ",
             link(sessionHash(tenant, f.session_id), f.session_id, { class: "mono" }),
-            el("span", { class: "meta" }, `${time(f.created_at)} · ${f.checkpoint_count} checkpoints`),
+            el("span", { class: "meta" }, time(f.created_at_iso), ` · ${f.checkpoint_count} checkpoints`),
           ),
         ),
       ),
     );
   }
   return li;
+}
+
+function isLangGraph(cp) {
+  return (cp.content_type || "").startsWith(LANGGRAPH_TYPE);
+}
+
+// "LangGraph step 2 · loop" from the metadata StratadSaver stores with a checkpoint.
+function langGraphStep(cp) {
+  if (!isLangGraph(cp)) return "";
+  const meta = cp.metadata || {};
+  const step = typeof meta.step === "number" ? ` step ${meta.step}` : "";
+  const source = typeof meta.source === "string" && meta.source ? ` · ${meta.source}` : "";
+  return `LangGraph${step}${source}`;
 }
 
 function pickedParams(picked) {
@@ -452,7 +484,7 @@ function pickedParams(picked) {
 }
 
 async function loadDiff(base, picked, panel) {
-  panel.replaceChildren(el("h2", {}, "Diff"), el("p", { class: "muted" }, "Loading…"));
+  fill(panel, el("h2", {}, "Diff"), el("p", { class: "muted" }, "Loading…"));
   let data;
   try {
     data = await api(`${base}/diff?a=${enc(picked.a)}&b=${enc(picked.b)}`);
@@ -468,21 +500,30 @@ async function loadDiff(base, picked, panel) {
     " → ",
     el("code", {}, data.b.checkpoint_id),
   );
+  const states = data.states || { a: {}, b: {} };
   if (!data.comparable) {
-    panel.replaceChildren(
-      heading,
+    const side = (name, cp, state) =>
       el(
-        "p",
-        { "data-testid": "diff-summary" },
-        data.identical
-          ? "The two states are identical."
-          : `Not both JSON: A is ${bytes(data.a.size)} (${data.a.digest.slice(0, 16)}…), ` +
-              `B is ${bytes(data.b.size)} (${data.b.digest.slice(0, 16)}…).`,
-      ),
+        "li",
+        { "data-testid": "diff-why" },
+        `${name}, ${bytes(cp.size)} (${cp.digest.slice(0, 16)}…): `,
+        state.why || (state.encoding === "langgraph" ? "a decoded LangGraph checkpoint" : "JSON"),
+      );
+    fill(
+      panel,
+      heading,
+      data.identical
+        ? el("p", { "data-testid": "diff-summary" }, "The two states are identical.")
+        : el(
+            "div",
+            { "data-testid": "diff-summary" },
+            el("p", {}, "Not compared: the diff needs both states as JSON (a LangGraph checkpoint is decoded first)."),
+            el("ul", {}, side("A", data.a, states.a), side("B", data.b, states.b)),
+          ),
     );
     return;
   }
-  const rows = data.changes.map((c) =>
+  const row = (c) =>
     el(
       "tr",
       { class: `op-${c.op}`, "data-testid": "diff-row", "data-op": c.op, "data-pointer": c.pointer },
@@ -490,22 +531,38 @@ async function loadDiff(base, picked, panel) {
       el("td", {}, el("code", {}, c.pointer || "(whole state)")),
       el("td", {}, c.before === undefined ? "" : el("pre", {}, c.before)),
       el("td", {}, c.after === undefined ? "" : el("pre", {}, c.after)),
-    ),
-  );
+    );
+  // Two LangGraph checkpoints: what the graph holds (channel values, metadata) comes
+  // first; LangGraph's own bookkeeping (versions, IDs, times) is folded away.
+  const langGraph = states.a.encoding === "langgraph" && states.b.encoding === "langgraph";
+  const under = (pointer, prefix) => pointer === prefix || pointer.startsWith(prefix + "/");
+  const isBookkeeping = (c) =>
+    langGraph && !under(c.pointer, "/checkpoint/channel_values") && !under(c.pointer, "/metadata");
+  const primary = data.changes.filter((c) => !isBookkeeping(c));
+  const bookkeeping = data.changes.filter(isBookkeeping);
   const count = data.changes.length;
-  panel.replaceChildren(
+  let summary = count ? `${count} change${count === 1 ? "" : "s"}${data.truncated ? " (first ones only)" : ""}` : "No change: the states are equal.";
+  if (langGraph && count) {
+    summary += ` between two decoded LangGraph checkpoints: ${primary.length} in channel values and metadata, ${bookkeeping.length} in LangGraph's bookkeeping.`;
+  }
+  fill(
+    panel,
     heading,
-    el(
-      "p",
-      { "data-testid": "diff-summary" },
-      count ? `${count} change${count === 1 ? "" : "s"}${data.truncated ? " (first ones only)" : ""}` : "No change: the states are equal.",
-    ),
-    count ? table(["", "path", "A", "B"], rows, { class: "diff" }) : null,
+    el("p", { "data-testid": "diff-summary" }, summary),
+    primary.length ? table(["", "path", "A", "B"], primary.map(row), { class: "diff" }) : null,
+    bookkeeping.length
+      ? el(
+          "details",
+          { "data-testid": "diff-bookkeeping" },
+          el("summary", {}, `LangGraph bookkeeping: ${bookkeeping.length} change${bookkeeping.length === 1 ? "" : "s"} (channel versions, IDs, times)`),
+          table(["", "path", "A", "B"], bookkeeping.map(row), { class: "diff" }),
+        )
+      : null,
   );
 }
 
 async function loadState(base, checkpointId, panel) {
-  panel.replaceChildren(el("h2", {}, "State"), el("p", { class: "muted" }, "Loading…"));
+  fill(panel, el("h2", {}, "State"), el("p", { class: "muted" }, "Loading…"));
   let data;
   try {
     data = await api(`${base}/checkpoints/${enc(checkpointId)}`);
@@ -516,20 +573,122 @@ async function loadState(base, checkpointId, panel) {
   const cp = data.checkpoint;
   const state = data.state;
   let body;
-  if (state.encoding === "json") body = el("pre", { class: "json", "data-testid": "state-json" }, pretty(state.value));
+  if (state.encoding === "langgraph") body = langGraphView(state);
+  else if (state.encoding === "json") body = el("pre", { class: "json", "data-testid": "state-json" }, pretty(state.value));
   else if (state.encoding === "text") body = el("pre", { "data-testid": "state-text" }, state.text);
   else if (state.encoding === "binary")
-    body = el("div", {}, el("p", {}, `Binary, ${bytes(state.size)}; first bytes in hex:`), el("pre", { class: "hex" }, state.hex));
+    body = el(
+      "div",
+      {},
+      el(
+        "p",
+        { "data-testid": "state-opaque" },
+        state.undecoded
+          ? `Binary, ${bytes(state.size)}; first bytes in hex:`
+          : `Opaque bytes, ${bytes(state.size)}: not JSON, not UTF-8 text and not a LangGraph checkpoint ` +
+              `(content type ${cp.content_type || "none"}), so the inspector cannot decode them. First bytes in hex:`,
+      ),
+      el("pre", { class: "hex" }, state.hex),
+    );
   else body = el("p", {}, `${bytes(state.size)}: larger than the ${bytes(state.limit)} the inspector decodes.`);
-  panel.replaceChildren(
+  const kind = state.encoding === "langgraph" ? `LangGraph checkpoint (${state.serde}), decoded` : state.encoding;
+  fill(
+    panel,
     el("h2", {}, "State of ", el("code", {}, cp.checkpoint_id)),
     el(
       "p",
       { class: "muted" },
-      `${state.encoding} · ${bytes(cp.size)} · ${cp.content_type || "no content type"} · digest ${cp.digest}`,
+      `${kind} · ${bytes(cp.size)} · ${cp.content_type || "no content type"} · digest ${cp.digest} · `,
+      time(cp.created_at_iso),
     ),
-    Object.keys(cp.metadata || {}).length ? el("details", {}, el("summary", {}, "metadata"), el("pre", {}, pretty(cp.metadata))) : null,
+    state.undecoded
+      ? el("p", { class: "error", "data-testid": "state-undecoded" }, `A LangGraph checkpoint, not decoded: ${state.undecoded}. Shown as stored:`)
+      : null,
+    state.encoding !== "langgraph" && Object.keys(cp.metadata || {}).length
+      ? el("details", {}, el("summary", {}, "metadata"), el("pre", {}, pretty(cp.metadata)))
+      : null,
     body,
+  );
+}
+
+// A decoded LangGraph checkpoint ({checkpoint, metadata, parent_checkpoint_id}, as
+// `stratad ctl checkpoints show --decode langgraph` prints it): its messages as a
+// transcript, its channel values and metadata, its pending writes.
+function langGraphView(state) {
+  const doc = state.value;
+  const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+  const checkpoint = isObject(doc) && isObject(doc.checkpoint) ? doc.checkpoint : null;
+  const metadata = isObject(doc) && isObject(doc.metadata) ? doc.metadata : null;
+  const parts = [];
+  if (checkpoint) {
+    const facts = [
+      ["step", metadata && metadata.step],
+      ["source", metadata && metadata.source],
+      ["LangGraph ID", checkpoint.id],
+      ["taken", checkpoint.ts ? time(isoOf(checkpoint.ts)) : null],
+      ["parent", doc.parent_checkpoint_id],
+      ["updated channels", Array.isArray(checkpoint.updated_channels) ? checkpoint.updated_channels.join(", ") : null],
+    ].filter(([, v]) => v !== undefined && v !== null && v !== "");
+    parts.push(el("dl", { class: "summary", "data-testid": "langgraph-summary" }, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])));
+  }
+  const messages = state.messages || [];
+  parts.push(
+    el("h3", {}, `Messages (${messages.length}${state.messages_truncated ? ", the first ones" : ""})`),
+    messages.length
+      ? el("ol", { class: "messages", "data-testid": "messages" }, messages.map(messageItem))
+      : el("p", { class: "muted" }, "No message in the channel values."),
+  );
+  if (checkpoint) {
+    parts.push(
+      el("h3", {}, "Channel values"),
+      el("pre", { class: "json", "data-testid": "state-channels" }, pretty(checkpoint.channel_values === undefined ? null : checkpoint.channel_values)),
+    );
+  }
+  if (metadata) parts.push(el("h3", {}, "Metadata"), el("pre", { class: "json", "data-testid": "state-metadata" }, pretty(metadata)));
+  const writes = state.pending_writes || [];
+  if (writes.length) {
+    const rows = writes.map((w) =>
+      el(
+        "tr",
+        { "data-testid": "write-row", "data-channel": w.channel },
+        el("td", {}, el("code", {}, w.channel)),
+        el("td", {}, el("code", {}, w.task_path || w.task_id)),
+        el("td", {}, "undecoded" in w ? el("span", { class: "muted" }, `not decoded: ${w.undecoded}`) : el("pre", { class: "json" }, pretty(w.value))),
+      ),
+    );
+    parts.push(
+      el("h3", {}, `Pending writes (${writes.length}${state.pending_writes_truncated ? ", the first ones" : ""})`),
+      table(["channel", "task", "value"], rows, { "data-testid": "pending-writes" }),
+    );
+  }
+  parts.push(
+    el(
+      "details",
+      { open: !checkpoint },
+      el("summary", {}, "Everything StratadSaver stored, decoded"),
+      el("pre", { class: "json", "data-testid": "state-decoded" }, pretty(doc)),
+    ),
+  );
+  return el("div", { class: "langgraph", "data-testid": "state-langgraph" }, parts);
+}
+
+function messageItem(m) {
+  const kind = ["human", "ai", "system", "tool"].includes(m.type) ? m.type : "other";
+  return el(
+    "li",
+    { class: `message ${kind}`, "data-testid": "message", "data-type": m.type },
+    el(
+      "div",
+      { class: "who" },
+      el("span", { class: "badge" }, m.role || m.type),
+      m.name ? el("span", {}, m.name) : null,
+      m.tool_call_id ? el("span", { class: "muted" }, `answers ${m.tool_call_id}`) : null,
+      el("code", { class: "muted" }, m.pointer),
+    ),
+    typeof m.content === "string"
+      ? el("pre", { class: "content" }, m.content)
+      : el("pre", { class: "content json" }, pretty(m.content)),
+    m.tool_calls ? el("details", { open: true }, el("summary", {}, "tool calls"), el("pre", { class: "json" }, pretty(m.tool_calls))) : null,
   );
 }
 
@@ -562,7 +721,7 @@ async function loadStructured(base, panel) {
     );
   }
   if (!parts.length) parts.push(el("p", { class: "muted" }, "No cognitive state, tasks or agent state."));
-  panel.replaceChildren(...parts);
+  fill(panel, ...parts);
 }
 
 function tasksView(facet) {
@@ -610,7 +769,7 @@ async function crystalsPage(tenant) {
       el("td", { class: "num" }, c.reuse_count),
       el("td", {}, c.tool_sequence.join(" → ")),
       el("td", {}, c.created_from ? link(sessionHash(tenant, c.created_from), c.created_from, { class: "mono" }) : ""),
-      el("td", {}, time(c.created_at)),
+      el("td", {}, time(c.created_at_iso)),
     ),
   );
   show(
