@@ -1,14 +1,22 @@
-"""Replication to object storage, in-process (issue #12; docs/replication.md).
+"""Replication to object storage, in-process (issues #12, #29; docs/replication.md).
 
-Several `Engine`s (daemons) with their own data directories share one
-obstore `MemoryStore` (obstore's in-memory backend, with the same
-conditional-write semantics as S3). The same scenarios run against a real
-S3 server in tests/e2e/test_replication_s3.py.
+Several `Engine`s (daemons) with their own data directories share one remote:
+obstore's `MemoryStore` (its in-memory backend, with the same conditional-write
+semantics as S3), and a ``file://`` directory (obstore's `LocalStore`, whose
+conditional replaces store/remote.py does under lock files). The same
+scenarios run against a real S3 server in tests/e2e/test_replication_s3.py,
+and against a directory with real daemons in
+tests/e2e/test_replication_file_url.py.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,15 +29,32 @@ from stratad import native
 from stratad.domain.checkpoints import SaveInput
 from stratad.domain.engine import Engine
 from stratad.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
-from stratad.store.remote import RemoteTier
+from stratad.store import remote as remote_mod
+from stratad.store.remote import (
+    FailureLog,
+    Head,
+    LeaseLostError,
+    RemoteTier,
+    RemoteUnavailableError,
+)
 
 TENANT = "acme"
 LEASE = 0.5
+PYTHON_SOURCE = Path(__file__).resolve().parents[2] / "python"
+
+
+@pytest.fixture(params=["memory", "file"])
+def remote(request: pytest.FixtureRequest, tmp_path: Path) -> RemoteTier:
+    """The object storage the daemons of a test share."""
+    if request.param == "memory":
+        return RemoteTier(MemoryStore())
+    directory = tmp_path / "remote"
+    directory.mkdir()
+    return RemoteTier.from_url(directory.as_uri())
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
-    remote = RemoteTier(MemoryStore())
+def daemons(tmp_path: Path, remote: RemoteTier) -> Iterator[Callable[..., Engine]]:
     opened: list[Engine] = []
 
     def start(
@@ -225,3 +250,246 @@ def test_a_save_never_dedups_against_a_condemned_pack(daemons: Callable[..., Eng
     b = daemons("b")
     assert b.checkpoints.load_state(TENANT, "new").data == data
     assert b.admin.verify(TENANT).ok
+
+
+# -- file:// (issue #29): conditional replaces under a lock file -----------------------
+
+
+@pytest.fixture
+def directory(tmp_path: Path) -> RemoteTier:
+    root = tmp_path / "remote"
+    root.mkdir()
+    return RemoteTier.from_url(root.as_uri())
+
+
+def test_a_directory_replaces_a_head_only_at_the_version_read(directory: RemoteTier) -> None:
+    path = RemoteTier.session_path(TENANT, "s1")
+    first = directory.write_head(path, Head("a", 1, time.time() + 10, ["s0"], 1), None)
+    with pytest.raises(LeaseLostError):  # If-None-Match: it exists
+        directory.write_head(path, Head("b", 1, time.time() + 10, [], 0), None)
+    read = directory.read_head(path)
+    assert read is not None and read.version == first and read.head.owner == "a"
+
+    second = directory.write_head(path, Head("a", 1, time.time() + 10, ["s0", "s1"], 2), first)
+    assert second != first
+    with pytest.raises(LeaseLostError):  # If-Match on a version replaced meanwhile
+        directory.write_head(path, Head("b", 2, time.time() + 10, ["s0"], 1), first)
+    current = directory.read_head(path)
+    assert current is not None and current.head.segments == ["s0", "s1"]
+    assert current.version == second
+    with pytest.raises(LeaseLostError):  # If-Match on an object that is not there
+        directory.write_head(RemoteTier.session_path(TENANT, "s2"), current.head, second)
+    assert directory.local_root is not None
+    assert (directory.local_root / path / "HEAD.lock").exists()
+
+
+def test_a_directory_condemns_packs_conditionally(directory: RemoteTier) -> None:
+    directory.write_condemned(TENANT, {"p1": 1.0}, None)
+    listed, version = directory.read_condemned(TENANT)
+    assert listed == {"p1": 1.0} and version is not None
+    directory.write_condemned(TENANT, {"p1": 1.0, "p2": 2.0}, version)
+    with pytest.raises(LeaseLostError):  # another collection wrote it meanwhile
+        directory.write_condemned(TENANT, {}, version)
+    assert directory.read_condemned(TENANT)[0] == {"p1": 1.0, "p2": 2.0}
+
+
+#: A daemon's share of `test_processes_racing_on_one_directory_never_lose_an_update`:
+#: replaces the HEAD, each time conditionally on the one it read, until it
+#: made ROUNDS replaces; prints how many attempts the others beat.
+RACER = """
+import sys
+from stratad.store.remote import LeaseLostError, RemoteTier
+remote, me, rounds = RemoteTier.from_url(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+path, won, lost = RemoteTier.session_path("acme", "s1"), 0, 0
+while won < rounds:
+    current = remote.read_head(path)
+    head = current.head
+    head.segments.append(f"{me}-{won}")
+    head.next_seq += 1
+    try:
+        remote.write_head(path, head, current.version)
+        won += 1
+    except LeaseLostError:
+        lost += 1
+print(lost)
+"""
+
+
+def test_processes_racing_on_one_directory_never_lose_an_update(
+    directory: RemoteTier, tmp_path: Path
+) -> None:
+    """Four processes read-modify-write one HEAD: every replace builds on the last.
+
+    A replace that was not conditional (or whose condition was checked outside
+    the lock) would overwrite another's segment: the HEAD would end up with
+    fewer segments than replaces were acknowledged.
+    """
+    path = RemoteTier.session_path(TENANT, "s1")
+    directory.write_head(path, Head("racers", 1, 0.0, [], 0), None)
+    env = {**os.environ, "PYTHONPATH": str(PYTHON_SOURCE)}
+    assert directory.local_root is not None
+    url, racers, rounds = directory.local_root.as_uri(), 4, 25
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, url, f"r{n}", str(rounds)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(racers)
+    ]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), outputs
+    final = directory.read_head(path)
+    assert final is not None
+    assert final.head.next_seq == racers * rounds
+    assert sorted(final.head.segments) == sorted(
+        f"r{n}-{k}" for n in range(racers) for k in range(rounds)
+    )
+    print(f"{sum(int(o) for o in outputs)} replaces lost a race and were retried")
+
+
+def test_threads_racing_on_one_directory_never_lose_an_update(directory: RemoteTier) -> None:
+    """The same race between threads of one process (fcntl locks alone belong to
+    the process: two of its threads would both hold one), through two tiers."""
+    path = RemoteTier.session_path(TENANT, "s1")
+    directory.write_head(path, Head("racers", 1, 0.0, [], 0), None)
+    assert directory.local_root is not None
+    other = RemoteTier.from_url(directory.local_root.as_uri())
+    racers, rounds = 6, 20
+
+    def race(tier: RemoteTier, me: str) -> None:
+        won = 0
+        while won < rounds:
+            current = tier.read_head(path)
+            assert current is not None
+            head = current.head
+            head.segments.append(f"{me}-{won}")
+            head.next_seq += 1
+            try:
+                tier.write_head(path, head, current.version)
+                won += 1
+            except LeaseLostError:
+                pass
+
+    threads = [
+        threading.Thread(target=race, args=(directory if n % 2 else other, f"t{n}"))
+        for n in range(racers)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    final = directory.read_head(path)
+    assert final is not None and final.head.next_seq == racers * rounds
+    assert len(set(final.head.segments)) == racers * rounds
+    assert not remote_mod._THREAD_LOCKS  # no entry left behind per object
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from stratad.store.remote import _locked
+with _locked(Path(sys.argv[1]), 5.0):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_lock_dies_with_its_process(
+    directory: RemoteTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon SIGKILLed while it replaces a HEAD leaves no lock behind."""
+    path = RemoteTier.session_path(TENANT, "s1")
+    version = directory.write_head(path, Head("a", 1, 0.0, [], 0), None)
+    assert directory.local_root is not None
+    lock = directory.local_root / path / "HEAD.lock"
+    env = {**os.environ, "PYTHONPATH": str(PYTHON_SOURCE)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        monkeypatch.setattr(remote_mod, "LOCAL_LOCK_TIMEOUT", 0.2)
+        with pytest.raises(RemoteUnavailableError, match="stayed locked"):
+            directory.write_head(path, Head("b", 2, 0.0, [], 0), version)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    directory.write_head(path, Head("b", 2, 0.0, [], 0), version)
+    current = directory.read_head(path)
+    assert current is not None and current.head.owner == "b"
+
+
+def test_a_missing_directory_is_named(tmp_path: Path) -> None:
+    with pytest.raises(RemoteUnavailableError, match="file:// needs an existing directory"):
+        RemoteTier.from_url((tmp_path / "nowhere").as_uri())
+
+
+def test_a_failure_that_lasts_is_reported_once_then_rate_limited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("test.failures")
+    failures = FailureLog(logger, every=3600.0)
+    with caplog.at_level(logging.INFO, logger="test.failures"):
+        for n in range(50):
+            failures.failed("shipping", f"refused ({n})")
+        assert [r.getMessage() for r in caplog.records] == [
+            "shipping failed: refused (0) (while this lasts, reported again every 3600s)"
+        ]
+        assert failures.failing() == ["shipping"]
+        failures.recovered("shipping")
+        failures.recovered("shipping")  # once
+        assert len(caplog.records) == 2
+        assert caplog.records[1].getMessage().startswith("shipping works again after ")
+        assert "(50 failed attempts)" in caplog.records[1].getMessage()
+        failures.failed("shipping", "refused again")  # a new outage: reported at once
+        assert caplog.records[-1].levelno == logging.WARNING and len(caplog.records) == 3
+
+    every = FailureLog(logger, every=0.0)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="test.failures"):
+        every.failed("k", "one")
+        every.failed("k", "two")
+    assert "k still failing after " in caplog.records[1].getMessage()
+    assert "(2 attempts): two" in caplog.records[1].getMessage()
+
+
+def test_async_shipping_reports_a_lasting_failure_once_and_catches_up(
+    daemons: Callable[..., Engine],
+    remote: RemoteTier,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a = daemons("a", mode="async")
+    assert a.replicator is not None
+    a.sessions.create(TENANT, "s1")
+    calls: list[int] = []
+
+    def refused(path: str, name: str, data: bytes) -> None:
+        calls.append(len(data))
+        raise RemoteUnavailableError("object storage failed while writing: refused")
+
+    with caplog.at_level(logging.INFO, logger="stratad.domain.replication"):
+        with monkeypatch.context() as patched:
+            patched.setattr(remote, "put_segment", refused)
+            save(a, "s1", os.urandom(20_000))
+            wait_for(lambda: len(calls) >= 10, "ten shipping rounds")
+            assert a.replicator.status()["bytes_behind"] > 0
+        wait_for(lambda: a.replicator.status()["bytes_behind"] == 0, "caught up")  # type: ignore[union-attr]
+        wait_for(lambda: any("works again" in r.getMessage() for r in caplog.records), "recovery")
+    assert a.replicator.status()["lag_seconds"] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("shipping sessions to object storage failed: 1 of 1 sessions")
+    assert "acme/s1: object storage failed while writing: refused" in warnings[0]
+
+
+def test_head_versions_of_a_directory_are_its_content(directory: RemoteTier) -> None:
+    """Not LocalStore's e-tag (inode, mtime, size), which a reused inode can repeat."""
+    path = RemoteTier.session_path(TENANT, "s1")
+    head = Head("a", 1, 5.0, ["x"], 1)
+    version = directory.write_head(path, head, None)
+    assert version == {"content": native.digest_hex(head.to_bytes())}
+    read = directory.read_head(path)
+    assert read is not None and read.version == version

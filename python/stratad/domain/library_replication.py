@@ -52,7 +52,7 @@ from stratad.domain.stamps import HybridClock
 from stratad.errors import InvalidArgumentError, StratadError
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Record
-from stratad.store.remote import NodeBeat, RemoteTier
+from stratad.store.remote import FailureLog, NodeBeat, RemoteTier
 
 if TYPE_CHECKING:
     from stratad.domain.crystals import CrystalLibraries
@@ -151,6 +151,8 @@ class LibraryReplicator:
         self._thread: threading.Thread | None = None
         #: (tenant, node, seq) of segments found damaged (never merged; see status()).
         self._damaged: set[tuple[str, str, int]] = set()
+        #: Failures of the background rounds: reported once, then rate-limited.
+        self.failures = FailureLog(log)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -178,8 +180,10 @@ class LibraryReplicator:
         while not self._stop.wait(self.lag):
             try:
                 self.sync_all()
-            except Exception:  # keep going; the next round retries
-                log.exception("library replication round failed")
+            except Exception as exc:  # keep going; the next round retries
+                self.failures.failed("library replication round", repr(exc), exc_info=True)
+            else:
+                self.failures.recovered("library replication round")
 
     def sync_all(self) -> None:
         """One round: ship what is queued, merge what other daemons shipped.
@@ -237,12 +241,18 @@ class LibraryReplicator:
                 self._beats_read[node] = beat.version  # else read it again next round
 
     def _try(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
-        """`fn(*args)`, or None after logging why (object storage refused, most likely)."""
+        """`fn(*args)`, or None after logging why (object storage refused, most likely).
+
+        A failure that persists is logged once, then every REPORT_EVERY seconds
+        (store/remote.py FailureLog), not every round.
+        """
         try:
-            return fn(*args)
+            result = fn(*args)
         except StratadError as exc:
-            log.warning("%s failed: %s", what, exc.message)
+            self.failures.failed(what, exc.message)
             return None
+        self.failures.recovered(what)
+        return result
 
     def _ends(self) -> dict[str, int]:
         with self._lock:

@@ -39,6 +39,7 @@ from stratad.store import manifest
 from stratad.store.crypto import TENANT_KEY_NAME, EncryptionKeyError, RecordCipher
 from stratad.store.objects import NO_SIZE_LIMIT
 from stratad.store.remote import (
+    FailureLog,
     Head,
     LeaseHeldError,
     LeaseLostError,
@@ -142,6 +143,8 @@ class Replicator:
         self.last_lag = 0.0
         #: The tenant libraries' replication (its figures join status()).
         self.library: LibraryReplicator | None = None
+        #: Failures of the background rounds: reported once, then rate-limited.
+        self.failures = FailureLog(log)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -166,8 +169,10 @@ class Replicator:
         while not self._stop.wait(self.lag):
             try:
                 self.ship_all()
-            except Exception:  # keep shipping; each session's failure is logged
-                log.exception("replication round failed")
+            except Exception as exc:  # keep shipping; each session's failure is logged
+                self.failures.failed("replication round", repr(exc), exc_info=True)
+            else:
+                self.failures.recovered("replication round")
 
     # -- hooks from the session manager and the object store -------------------------
 
@@ -275,17 +280,34 @@ class Replicator:
     # -- shipping ---------------------------------------------------------------------
 
     def ship_all(self) -> None:
+        """Ship every session with unshipped writes of ours (the `async` round).
+
+        Failures are reported as one: object storage down fails every session
+        at once, and is reported once, then every REPORT_EVERY seconds while
+        it lasts, not once per session and round.
+        """
+        failed: list[str] = []
+        tried = 0
         for live in self.sessions.all_sessions():
             st = self._shipping(live)
             if not st.rebase and st.shipped >= live.journal.size:
                 continue
             if st.head is None or st.head.owner != self.node_id:
                 continue  # never written here: nothing of ours to ship
+            tried += 1
             try:
                 with st.lock:
                     self._ship_locked(live, st)
             except StratadError as exc:
-                log.warning("shipping %s/%s failed: %s", *live.key, exc.message)
+                failed.append(f"{live.key[0]}/{live.key[1]}: {exc.message}")
+        if failed:
+            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            self.failures.failed(
+                "shipping sessions to object storage",
+                f"{len(failed)} of {tried} sessions not shipped; {failed[0]}{more}",
+            )
+        else:
+            self.failures.recovered("shipping sessions to object storage")
 
     def _ship_locked(self, live: LiveSession, st: _Shipping, *, claim: bool = False) -> None:
         """Upload what the remote lacks of this session, then move its HEAD (st.lock held)."""

@@ -25,23 +25,39 @@ journal, shipped as immutable segments; the HEAD names, in order, the
 segments that make it up, and is only ever replaced with a conditional PUT
 (If-Match on its e-tag, If-None-Match when it is created): that is the
 ownership lease, and what stops two daemons from forking a history.
+
+``file://`` (obstore's LocalStore) creates conditionally (a hard link, which
+fails if the name exists) but has no conditional replace (obstore raises
+"PutMode::Update not yet implemented by LocalFileSystem"). There a conditional
+replace is done under an exclusive POSIX lock on a lock file next to the
+object (``HEAD.lock``): read the object, compare it with the version the
+caller read, write the new one (LocalStore writes a temporary file and renames
+it over the object, so readers see the old or the new bytes, never a mix).
+See `RemoteTier._put_if`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import logging
+import os
 import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import obstore
 from obstore.exceptions import AlreadyExistsError as RemoteExistsError
 from obstore.exceptions import NotFoundError as RemoteNotFoundError
 from obstore.exceptions import PreconditionError as RemotePreconditionError
+from obstore.store import LocalStore
 
 from stratad import native
 from stratad.errors import (
@@ -58,6 +74,14 @@ HEAD_FORMAT = 1
 #: deleted only a grace period after it was condemned, so this must be well
 #: below the shortest grace period in use (docs/replication.md).
 CONDEMNED_REFRESH = 60.0
+#: file://: seconds a conditional replace waits for another writer's lock on
+#: the object before it gives up (UNAVAILABLE); a lock is held for one small
+#: read and one small write.
+LOCAL_LOCK_TIMEOUT = 10.0
+#: Suffix of the lock files next to conditionally replaced objects (file://).
+LOCK_SUFFIX = ".lock"
+#: Seconds between two reports of a replication failure that persists.
+REPORT_EVERY = 60.0
 
 
 class LeaseLostError(FailedPreconditionError):
@@ -76,6 +100,69 @@ class RemoteUnavailableError(UnavailableError):
     """Object storage could not be reached or refused a request."""
 
     default_reason = "REMOTE_UNAVAILABLE"
+
+
+@dataclass
+class _Failing:
+    since: float
+    reported: float
+    attempts: int = 1
+
+
+class FailureLog:
+    """Reports replication failures that persist once, then every `every` seconds.
+
+    A round that fails again with object storage still unreachable (or
+    refusing) would otherwise log a warning every `replication_lag_ms`, forever.
+    `failed(key, ...)` logs the first failure of `key` as a warning, and
+    while it keeps failing at most one warning per `every` seconds, with how
+    long and how often it failed meanwhile; `recovered(key)` logs once that it
+    works again.
+    """
+
+    def __init__(self, logger: logging.Logger, every: float = REPORT_EVERY) -> None:
+        self.log = logger
+        self.every = every
+        self._lock = threading.Lock()
+        self._failing: dict[str, _Failing] = {}
+
+    def failed(self, key: str, message: str, *, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            entry = self._failing.get(key)
+            if entry is None:
+                self._failing[key] = _Failing(since=now, reported=now)
+                first = True
+            else:
+                entry.attempts += 1
+                if now - entry.reported < self.every:
+                    return
+                entry.reported, first = now, False
+                since, attempts = now - entry.since, entry.attempts
+        if first:
+            self.log.warning(
+                "%s failed: %s (while this lasts, reported again every %.0fs)",
+                key, message, self.every, exc_info=exc_info,
+            )  # fmt: skip
+        else:
+            self.log.warning(
+                "%s still failing after %.0fs (%d attempts): %s",
+                key, since, attempts, message,
+            )  # fmt: skip
+
+    def recovered(self, key: str) -> None:
+        with self._lock:
+            entry = self._failing.pop(key, None) if self._failing else None
+        if entry is not None:
+            self.log.info(
+                "%s works again after %.0fs (%d failed attempts)",
+                key, time.monotonic() - entry.since, entry.attempts,
+            )  # fmt: skip
+
+    def failing(self) -> list[str]:
+        """The keys failing now."""
+        with self._lock:
+            return sorted(self._failing)
 
 
 @dataclass
@@ -147,6 +234,10 @@ class RemoteTier:
         #: tenant -> the cipher sealing its objects (encryption at rest; set by the
         #: engine); None: packs hold plain frames.
         self.cipher_of: Callable[[str], TenantCipher | None] = lambda tenant: None
+        #: file://: the directory, whose conditional replaces go under lock files.
+        self.local_root: Path | None = None
+        if isinstance(store, LocalStore):
+            self.local_root = Path(store.prefix) if store.prefix is not None else Path("/")
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RemoteTier:
@@ -154,7 +245,8 @@ class RemoteTier:
         try:
             return cls(obstore.store.from_url(url, **options))
         except Exception as exc:  # obstore raises its own and ValueError
-            raise RemoteUnavailableError(f"cannot open remote {url!r}: {exc}") from exc
+            hint = " (file:// needs an existing directory)" if url.startswith("file:") else ""
+            raise RemoteUnavailableError(f"cannot open remote {url!r}{hint}: {exc}") from exc
 
     # -- objects ---------------------------------------------------------------
 
@@ -302,8 +394,7 @@ class RemoteTier:
             condemned = {str(k): float(v) for k, v in json.loads(raw)["packs"].items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataLossError(f"{path} is damaged: {exc}") from exc
-        meta = result.meta
-        return condemned, _version(meta.get("e_tag"), meta.get("version"))
+        return condemned, self._version_of(result.meta, raw)
 
     def write_condemned(
         self, tenant: str, condemned: dict[str, float], version: dict[str, Any] | None
@@ -311,13 +402,14 @@ class RemoteTier:
         """Replace the condemned list iff nobody else did since `version` (else LeaseLost)."""
         path = self.condemned_path(tenant)
         body = json.dumps({"packs": condemned}, separators=(",", ":")).encode()
-        mode: Any = "create" if version is None else version
         try:
-            obstore.put(self.store, path, body, mode=mode)
+            self._put_if(path, body, version)
         except (RemotePreconditionError, RemoteExistsError) as exc:
             raise LeaseLostError(
                 f"another collection of tenant {tenant!r} ran at the same time; try again"
             ) from exc
+        except RemoteUnavailableError:
+            raise
         except Exception as exc:
             raise _unavailable(f"writing {path}", exc) from exc
         with self._lock:
@@ -372,21 +464,20 @@ class RemoteTier:
             return None
         except Exception as exc:
             raise _unavailable(f"reading {path}/HEAD", exc) from exc
-        meta = result.meta
-        return VersionedHead(Head.from_bytes(raw), _version(meta.get("e_tag"), meta.get("version")))
+        return VersionedHead(Head.from_bytes(raw), self._version_of(result.meta, raw))
 
     def write_head(self, path: str, head: Head, version: dict[str, Any] | None) -> dict[str, Any]:
         """Create (version None) or replace the HEAD iff it is still at `version`."""
-        mode: Any = "create" if version is None else version
         try:
-            result = obstore.put(self.store, f"{path}/HEAD", head.to_bytes(), mode=mode)
+            return self._put_if(f"{path}/HEAD", head.to_bytes(), version)
         except (RemotePreconditionError, RemoteExistsError) as exc:
             raise LeaseLostError(
                 f"session {path.rsplit('/', 1)[-1]!r} was changed by another daemon"
             ) from exc
+        except RemoteUnavailableError:
+            raise
         except Exception as exc:
             raise _unavailable(f"writing {path}/HEAD", exc) from exc
-        return _version(result.get("e_tag"), result.get("version"))
 
     def put_segment(self, path: str, name: str, data: bytes) -> None:
         self._put(f"{path}/seg/{name}", data)
@@ -574,6 +665,60 @@ class RemoteTier:
 
     # -- plumbing ------------------------------------------------------------------
 
+    def _put_if(self, path: str, data: bytes, version: dict[str, Any] | None) -> dict[str, Any]:
+        """Create `path` (version None) or replace it iff it is still at `version`.
+
+        Returns the new version. Raises obstore's AlreadyExistsError (it exists)
+        or PreconditionError (it changed, or is gone) when the condition fails.
+
+        Object stores (S3, GCS, Azure, MinIO, memory) do both natively:
+        If-None-Match: * and If-Match: <e-tag>. obstore's LocalStore (file://)
+        only creates conditionally (a hard link of a temporary file, which
+        fails if the name exists, atomic on any POSIX filesystem): a replace
+        conditional on a version is "not yet implemented" there. For a
+        directory the replace is therefore done here, under an exclusive
+        POSIX record lock (fcntl) on a lock file next to the object that every
+        conditional replace of it takes: read the object, compare its content
+        with the version the caller read, and only then write the new bytes
+        (LocalStore's plain put writes a temporary file and renames it over the
+        object: atomic, readers never see a torn HEAD). Creates need no lock:
+        the hard link settles them, and these objects are never deleted, so a
+        replace (which needs the object) never races a create.
+
+        The version of a file:// object is the digest of its content, not
+        LocalStore's e-tag (inode, mtime, size): an inode reused within the
+        mtime granularity could give a replaced HEAD of the same size its old
+        e-tag back. A HEAD's content changes with every write (epoch, lease,
+        next segment), so comparing contents is the same check as S3's
+        If-Match on the MD5 e-tag of a single-part PUT.
+
+        fcntl locks are released by the kernel when their process dies (a
+        SIGKILLed daemon never leaves a HEAD locked) and work across hosts on
+        NFSv4 (or v3 with lockd); a directory without POSIX locks fails here
+        with UNAVAILABLE rather than losing the one-writer guarantee.
+        """
+        if self.local_root is None or version is None:
+            mode: Any = "create" if version is None else version
+            result = obstore.put(self.store, path, data, mode=mode, use_multipart=False)
+            if self.local_root is not None:
+                return _content_version(data)
+            return _version(result.get("e_tag"), result.get("version"))
+        with _locked(self.local_root / (path + LOCK_SUFFIX), LOCAL_LOCK_TIMEOUT):
+            try:
+                current = self._get(path)
+            except (RemoteNotFoundError, FileNotFoundError):
+                raise RemotePreconditionError(f"{path} is gone") from None
+            if _content_version(current) != version:
+                raise RemotePreconditionError(f"{path} changed since it was read")
+            self._put(path, data)
+        return _content_version(data)
+
+    def _version_of(self, meta: Any, raw: bytes) -> dict[str, Any]:
+        """The version of an object just read, for a conditional replace (`_put_if`)."""
+        if self.local_root is not None:
+            return _content_version(raw)
+        return _version(meta.get("e_tag"), meta.get("version"))
+
     def _put(self, path: str, data: bytes) -> None:
         try:
             obstore.put(self.store, path, data, use_multipart=False)
@@ -603,6 +748,82 @@ def _version(e_tag: str | None, version: str | None) -> dict[str, Any]:
     """An obstore UpdateVersion: only the fields the store gave (None is refused)."""
     found = {"e_tag": e_tag, "version": version}
     return {k: v for k, v in found.items() if v is not None}
+
+
+def _content_version(data: bytes) -> dict[str, Any]:
+    """The version of a file:// object: its content's digest (see `RemoteTier._put_if`)."""
+    return {"content": native.digest_hex(data)}
+
+
+@dataclass
+class _ThreadLock:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Threads holding or waiting for it (the entry goes when none is left).
+    users: int = 0
+
+
+#: file://: lock file path -> the lock of the threads of this process. fcntl
+#: locks belong to the process (a second thread would "acquire" it too, and
+#: closing any descriptor of the file releases it), so threads queue here first.
+_THREAD_LOCKS: dict[str, _ThreadLock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float) -> Iterator[None]:
+    """Hold `path` (created if need be, never deleted) exclusively against every
+    thread and process; UNAVAILABLE after `timeout` seconds of waiting."""
+    key = str(path)
+    with _THREAD_LOCKS_GUARD:
+        entry = _THREAD_LOCKS.setdefault(key, _ThreadLock())
+        entry.users += 1
+    try:
+        if not entry.lock.acquire(timeout=timeout):
+            raise RemoteUnavailableError(f"{path} stayed locked for {timeout:.0f}s")
+        try:
+            with _process_locked(path, timeout):
+                yield
+        finally:
+            entry.lock.release()
+    finally:
+        with _THREAD_LOCKS_GUARD:
+            entry.users -= 1
+            if not entry.users:
+                del _THREAD_LOCKS[key]
+
+
+@contextlib.contextmanager
+def _process_locked(path: Path, timeout: float) -> Iterator[None]:
+    """Hold the POSIX lock of `path` (one thread of this process at a time, see
+    `_locked`)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise _unavailable(f"opening the lock file {path}", exc) from exc
+    try:
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise RemoteUnavailableError(
+                        f"cannot lock {path} (the directory must support POSIX "
+                        f"locks, e.g. a local filesystem or NFSv4): {exc}"
+                    ) from exc
+            if time.monotonic() >= deadline:  # another daemon holds it
+                raise RemoteUnavailableError(f"{path} stayed locked for {timeout:.0f}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        try:
+            yield
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def verified_frame(
