@@ -15,10 +15,21 @@ STAMP  := $(VENV)/.installed
 help: ## List the targets with a one-line description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# Installing stratad builds its Rust core (maturin, then cargo): minutes on a
+# first run. pip hides a build's output unless --verbose, and --verbose is
+# mostly pip's own chatter: the whole log goes to $(INSTALL_LOG), and only
+# cargo's Compiling/Finished lines and the result reach the terminal (on a
+# failure, the log's last lines too).
+INSTALL_LOG  := $(VENV)/install.log
+BUILD_LINES  := ^ *(Compiling|Finished|Successfully installed|ERROR:|error)
+
 $(STAMP): pyproject.toml Cargo.toml $(wildcard rust/*/Cargo.toml)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[dev]'
+	@echo "building the Rust core (first time: ~3-4 min; full log in $(INSTALL_LOG))..."
+	@bash -o pipefail -c "$(PIP) install --verbose --progress-bar off -e '.[dev]' 2>&1 \
+		| tee $(INSTALL_LOG) | { grep --line-buffered -E '$(BUILD_LINES)' || true; }" \
+		|| { echo "pip install failed; the end of $(INSTALL_LOG):"; tail -n 30 $(INSTALL_LOG); exit 1; }
 	@touch $(STAMP)
 
 dev: $(STAMP) ## Create .venv and install stratad editable with dev tools (builds the Rust core)

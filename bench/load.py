@@ -27,6 +27,7 @@ import asyncio
 import collections
 import contextlib
 import datetime as dt
+import importlib
 import io
 import itertools
 import json
@@ -169,6 +170,12 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     a = p.parse_args(argv)
     if min(a.rate, a.duration, a.concurrency, a.sessions, a.channels, a.max_outstanding) <= 0:
         p.error("--rate, --duration, --concurrency, --sessions, --channels, --max-outstanding > 0")
+    if a.plot is not None and (missing := missing_plot_modules()):
+        # Now, not after a soak of minutes: `plot` imports them once the run is over.
+        p.error(
+            f"--plot needs {' and '.join(missing)}, which cannot be imported here: "
+            "pip install matplotlib (or pip install -e '.[bench]' in a checkout)"
+        )
     return Config(
         address=a.address, spawn=a.address is None, mode=a.mode, rate=a.rate,
         concurrency=a.concurrency, duration=a.duration, size=a.size, sessions=a.sessions,
@@ -177,6 +184,18 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         keep_sessions=a.keep_sessions, rss_pid=a.rss_pid, daemon_args=tuple(a.daemon_arg),
         json_path=a.json, plot_path=a.plot, doc=a.doc,
     )  # fmt: skip
+
+
+def missing_plot_modules() -> list[str]:
+    """What `plot` imports and this Python cannot: matplotlib, and Pillow
+    (``PIL``, which comes with matplotlib) for `save_small_png`."""
+    missing = []
+    for module, name in (("matplotlib", "matplotlib"), ("PIL", "Pillow")):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 # --------------------------------------------------------------------------

@@ -20,7 +20,8 @@
 #      schemas of each Kubernetes version in K8S_VERSIONS (and a broken manifest
 #      must fail, so the validator is known to bite);
 #   6. tests/unit/test_deploy_manifests.py: probes, security, grace periods, and the
-#      stratad.toml of every ConfigMap loaded by stratad's own config loader.
+#      stratad.toml of every ConfigMap loaded by stratad's own config loader;
+#      tests/unit/test_deploy_docs.py: docs/deploy.md's helm template block, as written.
 #
 # Set SKIP_DOCKER_BUILD=1 to skip the build steps of check 2 (static rules still run).
 set -euo pipefail
@@ -160,8 +161,9 @@ for version in "${K8S_VERSIONS[@]}"; do
 done
 
 # --- 6. Semantic checks ---------------------------------------------------------------------
-step "tests/unit/test_deploy_manifests.py"
-STRATAD_RENDERED_DIR=$RENDERED "$VENV_PY" -m pytest -q -p no:cacheprovider \
-    tests/unit/test_deploy_manifests.py
+step "tests/unit/test_deploy_manifests.py, test_deploy_docs.py"
+# test_deploy_docs.py runs docs/deploy.md's helm template block as written, with $HELM.
+STRATAD_RENDERED_DIR=$RENDERED STRATAD_TOOLS_DIR=$TOOLS "$VENV_PY" -m pytest -q -p no:cacheprovider \
+    tests/unit/test_deploy_manifests.py tests/unit/test_deploy_docs.py
 
 step "deploy checks passed"

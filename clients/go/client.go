@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	stratadv1 "github.com/stratad/stratad/clients/go/stratadv1"
 )
@@ -65,6 +67,10 @@ type Client struct {
 	tenant   string
 	metadata []string // key, value, ... added to every call
 	timeout  time.Duration
+	// tls is the client's TLS (nil: plaintext) and probeable whether address
+	// is TCP: a TLS mismatch there is diagnosed when a call fails (diagnose.go).
+	tls       *TLSConfig
+	probeable bool
 }
 
 // New connects to the daemon and waits until it answers a health check, at
@@ -97,7 +103,8 @@ func Dial(opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
-	c := &Client{address: s.address, tenant: s.tenant, timeout: s.timeout}
+	c := &Client{address: s.address, tenant: s.tenant, timeout: s.timeout, tls: s.tls}
+	_, c.probeable = tcpEndpoint(s.address)
 	if s.tenant != "" {
 		c.metadata = append(c.metadata, TenantHeader, s.tenant)
 	}
@@ -151,6 +158,13 @@ func (c *Client) WaitReady(ctx context.Context) error {
 	health := healthpb.NewHealthClient(c.conn)
 	resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
 	if err != nil {
+		// Connections kept failing (not still being made): a TLS mismatch, say,
+		// which the error can name. That is Unavailable, not a slow daemon.
+		if c.probeable && c.conn.GetState() == connectivity.TransientFailure {
+			if d := diagnose(c.address, c.tls); d != nil {
+				err = d.error(c.address, status.Convert(err).Message())
+			}
+		}
 		return fmt.Errorf("stratad: no daemon ready at %s: %w", c.address, err)
 	}
 	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -175,7 +189,8 @@ func (c *Client) unaryInterceptor(ctx context.Context, method string, req, reply
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
-	return toError(invoker(c.outgoing(ctx), method, req, reply, cc, opts...))
+	// Unavailable after gRPC's retries, because of a TLS mismatch: an error that names the fix.
+	return toError(c.explain(invoker(c.outgoing(ctx), method, req, reply, cc, opts...)))
 }
 
 // Streams (WatchSession, SaveStates) get no default deadline: they may
@@ -185,7 +200,7 @@ func (c *Client) streamInterceptor(ctx context.Context, desc *grpc.StreamDesc,
 ) (grpc.ClientStream, error) {
 	stream, err := streamer(c.outgoing(ctx), desc, cc, method, opts...)
 	if err != nil {
-		return nil, toError(err)
+		return nil, toError(c.explain(err))
 	}
 	return &errorMappingStream{stream}, nil
 }

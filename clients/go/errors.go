@@ -91,6 +91,19 @@ const (
 	ErrAdminRoleRequired Reason = "ADMIN_ROLE_REQUIRED"
 )
 
+// Reasons the client finds itself, with code UNAVAILABLE, when a connection
+// fails because its TLS settings and the daemon's differ (docs/security.md,
+// "Troubleshooting connection errors"); the message names the fix.
+const (
+	// ErrTLSRequired: the daemon speaks TLS, the client connected in plaintext.
+	ErrTLSRequired Reason = "TLS_REQUIRED"
+	// ErrClientCertRequired: the daemon requires a client certificate (mTLS)
+	// and the client presented none.
+	ErrClientCertRequired Reason = "CLIENT_CERT_REQUIRED"
+	// ErrTLSNotSupported: the client connected with TLS to a plaintext daemon.
+	ErrTLSNotSupported Reason = "TLS_NOT_SUPPORTED"
+)
+
 // codeReasons are the reasons that stand for every error of their code.
 var codeReasons = map[Reason]codes.Code{
 	ErrInvalidArgument:    codes.InvalidArgument,

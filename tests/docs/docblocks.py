@@ -16,13 +16,17 @@ renders it); the words after it say how it runs:
 ``sh``/``bash`` run by bash (``set -euo pipefail``); variables a block sets
                 are kept for the page's later shell blocks
 ``console``     ``$ command`` lines are run; every other line is output that
-                must appear in what the command printed (``...`` elides)
+                must appear in what the command printed (``...`` elides); a
+                command shown without output must exit 0
 ``go``          a whole program (``package main``) built and run with the
                 checkout's Go client (``replace`` in a scratch module)
 ``js``          an ES module run by node in the scratch directory (where the
                 page's earlier blocks installed ``@stratad/client``)
 ``toml``        a config file, checked with ``stratad serve --config FILE
                 --check-config`` (what serving would refuse, this refuses)
+``auth-tokens`` (after toml) the block is an ``auth_tokens_file``: checked with
+                ``stratad serve --auth token --auth-tokens-file FILE
+                --check-config``
 ``daemon``      (after sh) the block starts the page's daemon (replacing the
                 one running): it runs in the background until the page is
                 done, with the variables of the page's earlier shell blocks;
@@ -59,7 +63,7 @@ PAGES: tuple[str, ...] = (
 
 RUNNABLE = {"python", "sh", "bash", "console", "go", "js", "toml"}
 NEVER_RUN = {"text"}
-MODIFIERS = {"illustrative", "daemon"}
+MODIFIERS = {"illustrative", "daemon", "auth-tokens"}
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)(?P<info>.*)$")
 
@@ -98,6 +102,8 @@ class Block:
             )
         if "daemon" in self.modifiers and self.language not in {"sh", "bash"}:
             return "only sh blocks can start the page's daemon"
+        if "auth-tokens" in self.modifiers and self.language != "toml":
+            return "only a toml block can be an auth_tokens_file"
         if self.language == "go" and not re.search(r"^package main\b", self.body, re.M):
             return "a go block runs as a whole program (package main); mark fragments illustrative"
         return None

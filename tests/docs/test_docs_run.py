@@ -259,6 +259,8 @@ class PageRun:
     def run_console(self, block: Block) -> None:
         for command, expected in console_steps(block.body):
             result = self.shell(command, block)
+            if not expected and result.returncode != 0:  # no output shown: it must succeed
+                self.fail(block, f"$ {command}\nexit status {result.returncode}\n{result.stdout}")
             missing = [line for line in expected if not output_has(result.stdout, line)]
             if missing:
                 self.fail(
@@ -291,7 +293,10 @@ class PageRun:
     def run_toml(self, block: Block) -> None:
         config = self.workdir / f"block{self.counter}.toml"
         config.write_text(block.body)
-        result = self.shell(f"stratad serve --config {config} --check-config", block)
+        command = f"stratad serve --config {config} --check-config"
+        if "auth-tokens" in block.modifiers:
+            command = f"stratad serve --auth token --auth-tokens-file {config} --check-config"
+        result = self.shell(command, block)
         if result.returncode != 0:
             self.fail(block, result.stdout)
 

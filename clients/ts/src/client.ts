@@ -4,7 +4,9 @@
  *
  * Every call carries the tenant header and bearer token, has a deadline
  * (`deadlineMs`, overridable per call), is retried with backoff when it fails
- * with UNAVAILABLE (unary calls only), and fails with a typed StratadError.
+ * with UNAVAILABLE (unary calls only), and fails with a typed StratadError
+ * (when the client's TLS settings and the daemon's differ, an UnavailableError
+ * whose message names the fix: src/diagnose.ts).
  * The session and checkpoint operations an agent needs have methods here; the
  * raw generated clients of every service (`client.sessions`, `.checkpoints`,
  * `.tasks`, `.cognitive`, `.agents`, `.profiles`, `.crystals`, `.admin`) go
@@ -49,6 +51,7 @@ import {
   type ConnectionOptions,
   type TlsOptions,
 } from "./connection.js";
+import { diagnoseInterceptor } from "./diagnose.js";
 import { InternalError, withStratadErrors } from "./errors.js";
 import {
   DEFAULT_RETRY_POLICY,
@@ -197,6 +200,8 @@ export class StratadClient {
       readMaxBytes: maxBytes + (1 << 20),
       writeMaxBytes: maxBytes + (1 << 20),
       interceptors: [
+        // Outermost: once per failed call, after its retries.
+        diagnoseInterceptor(this.connection),
         retryInterceptor({ ...DEFAULT_RETRY_POLICY, ...options.retry }),
         headersInterceptor(callHeaders(this.connection)),
         ...(options.interceptors ?? []),

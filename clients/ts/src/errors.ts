@@ -56,6 +56,11 @@ export const Reason = {
   STORAGE_FAILED: "STORAGE_FAILED",
   JOURNAL_FAILED: "JOURNAL_FAILED",
   REMOTE_UNAVAILABLE: "REMOTE_UNAVAILABLE",
+  // Found by the client itself, with UNAVAILABLE, when its TLS settings and
+  // the daemon's differ; the message names the fix (docs/security.md).
+  TLS_REQUIRED: "TLS_REQUIRED",
+  CLIENT_CERT_REQUIRED: "CLIENT_CERT_REQUIRED",
+  TLS_NOT_SUPPORTED: "TLS_NOT_SUPPORTED",
   DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
   DATA_LOSS: "DATA_LOSS",
   CORRUPT_OBJECT: "CORRUPT_OBJECT",

@@ -1,7 +1,7 @@
 /**
  * The interceptors every call of a StratadClient goes through, raw generated
- * clients included: retries outermost, then the tenant and bearer token
- * headers. (Errors are translated outside the transport, by
+ * clients included: the TLS-mismatch diagnosis outermost (src/diagnose.ts),
+ * then retries, then the tenant and bearer token headers. (Errors are translated outside the transport, by
  * `withStratadErrors`: connect rewraps whatever an interceptor throws.)
  */
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
@@ -58,7 +58,7 @@ export function retryInterceptor(policy: RetryPolicy): Interceptor {
  * caller's signal (or the deadline) cancels a call, so a CANCELED without an
  * aborted signal is the transport failing.
  */
-function asUnavailable(error: ConnectError, signal: AbortSignal): ConnectError {
+export function asUnavailable(error: ConnectError, signal: AbortSignal): ConnectError {
   if (error.code !== Code.Canceled || signal.aborted) return error;
   return new ConnectError(error.rawMessage, Code.Unavailable, error.metadata, undefined, error);
 }

@@ -63,11 +63,18 @@ describe("deadlines", () => {
 
 describe("retries", () => {
   let connections = 0;
+  let probes = 0;
   let dropping: { server: Server; address: string };
   before(async () => {
     dropping = await listen((socket) => {
-      connections += 1;
-      socket.destroy(); // every attempt fails before reaching a daemon: UNAVAILABLE
+      socket.on("error", () => {});
+      socket.once("data", (chunk: Buffer) => {
+        // A call's connection opens with the HTTP/2 preface; a TLS ClientHello
+        // (0x16, a handshake record) is the probe of a failed call (src/diagnose.ts).
+        if (chunk[0] === 0x16) probes += 1;
+        else connections += 1;
+        socket.destroy(); // every attempt fails before reaching a daemon: UNAVAILABLE
+      });
     });
   });
   after(() => dropping.server.close());
@@ -80,8 +87,10 @@ describe("retries", () => {
     });
     try {
       connections = 0;
+      probes = 0;
       await assert.rejects(client.getSession("s"), UnavailableError);
       assert.equal(connections, 3);
+      assert.equal(probes, 1); // once per failed call, not per attempt
     } finally {
       client.close();
     }
@@ -118,8 +127,10 @@ describe("retries", () => {
     const client = new StratadClient({ address: dropping.address, env: {}, retry: { maxAttempts: 1 } });
     try {
       connections = 0;
+      probes = 0;
       await assert.rejects(client.getSession("s"), UnavailableError);
       assert.equal(connections, 1);
+      assert.equal(probes, 1);
     } finally {
       client.close();
     }

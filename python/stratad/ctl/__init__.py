@@ -3,7 +3,8 @@
     stratad ctl [--address ADDR] [--tenant T] [--json] COMMAND ... [--json ...]
 
 The global options may come before or after the command
-(``stratad ctl sessions ls --json``).
+(``stratad ctl sessions ls --json``); ``stratad ctl --help`` lists them, a
+command's own ``--help`` only its options and a line pointing there.
 
     health                         SERVING or not (exit 0 / 1); the container's health check
     sessions ls [--prefix P]       sessions of the tenant
@@ -61,7 +62,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "ctl",
         help="operate a running daemon: sessions, state, verify, gc, stats, export, import",
         description="Operate a running stratad daemon over gRPC. Exit codes: 0 success, "
-        "1 failure, 2 usage, 3 verify found problems.",
+        "1 failure, 2 usage, 3 verify found problems. The options below are global: they "
+        "may also follow the command (stratad ctl sessions ls --json); a command's own "
+        "--help lists only its own options.",
     )
     _add_global_options(ctl)
     sub = ctl.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
@@ -139,47 +142,66 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 SHELLS = ("bash", "zsh", "fish")
 
 
+#: The line a subcommand's --help ends with, in place of the global options.
+GLOBAL_OPTIONS_EPILOG = (
+    "global options (--json, --address, ...) work here too: `stratad ctl --help`"
+)
+
+
 def _add_global_options(parser: argparse.ArgumentParser, *, after: bool = False) -> None:
     """The connection and output options every command shares.
 
-    On ``ctl`` itself they carry the defaults; repeated on each subcommand
-    (``after``) they default to nothing (SUPPRESS), so that a value given
-    before the command is kept unless the same option follows it.
+    On ``ctl`` itself they carry the defaults and their help; repeated on each
+    subcommand (``after``) they default to nothing (SUPPRESS), so that a value
+    given before the command is kept unless the same option follows it, and
+    are left out of its --help, which points at ``stratad ctl --help`` instead.
     """
-    group = parser.add_argument_group("global options") if after else parser
 
     def default(value: object) -> object:
         return argparse.SUPPRESS if after else value
 
-    group.add_argument(
+    def shown(text: str) -> str:
+        return argparse.SUPPRESS if after else text
+
+    if after:
+        parser.epilog = " ".join(filter(None, (parser.epilog, GLOBAL_OPTIONS_EPILOG)))
+    parser.add_argument(
         "--address",
         default=default(os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS),
         metavar="ADDR",
-        help=f"the daemon: HOST:PORT or unix:/path (env: {ADDRESS_ENV}; "
-        f"default: {DEFAULT_ADDRESS})",
+        help=shown(
+            f"the daemon: HOST:PORT or unix:/path (env: {ADDRESS_ENV}; default: {DEFAULT_ADDRESS})"
+        ),
     )
-    group.add_argument(
+    parser.add_argument(
         "--tenant",
         default=default(os.environ.get(TENANT_ENV, "")),
-        help=f"act in this tenant (env: {TENANT_ENV}; default: the daemon's 'default', "
-        "or with auth on the credential's own tenant)",
+        help=shown(
+            f"act in this tenant (env: {TENANT_ENV}; default: the daemon's 'default', "
+            "or with auth on the credential's own tenant)"
+        ),
     )
-    _add_credentials(group, default)
-    group.add_argument(
+    _add_credentials(parser, default, shown)
+    parser.add_argument(
         "--timeout",
         type=float,
         default=default(30.0),
         metavar="SECONDS",
-        help="deadline of each call (verify and gc: at least an hour) (default: 30)",
+        help=shown("deadline of each call (verify and gc: at least an hour) (default: 30)"),
     )
-    group.add_argument(
-        "--json", action="store_true", default=default(False), help="print JSON for scripts"
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=default(False),
+        help=shown("print JSON for scripts"),
     )
-    group.add_argument(
+    parser.add_argument(
         "--progress",
         choices=("auto", "always", "never"),
         default=default("auto"),
-        help="progress line on stderr for verify, gc, export and import (auto: on a terminal)",
+        help=shown(
+            "progress line on stderr for verify, gc, export and import (auto: on a terminal)"
+        ),
     )
 
 
@@ -288,20 +310,26 @@ def _add_state(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
 
 
-def _add_credentials(group: Any, default: Callable[[object], object]) -> None:
+def _add_credentials(
+    group: Any, default: Callable[[object], object], shown: Callable[[str], str]
+) -> None:
     """--token and --tls* flags; unset ones come from the environment in the SDK."""
     group.add_argument(
         "--token-file",
         metavar="FILE",
         default=default(None),
-        help="read the bearer token from FILE (env: STRATAD_TOKEN_FILE, or the token itself "
-        "in STRATAD_TOKEN; a token on the command line would show in ps)",
+        help=shown(
+            "read the bearer token from FILE (env: STRATAD_TOKEN_FILE, or the token itself "
+            "in STRATAD_TOKEN; a token on the command line would show in ps)"
+        ),
     )
     group.add_argument(
         "--tls",
         action="store_true",
         default=default(None),
-        help="connect with TLS, trusting the system's CAs unless --tls-ca (env: STRATAD_TLS)",
+        help=shown(
+            "connect with TLS, trusting the system's CAs unless --tls-ca (env: STRATAD_TLS)"
+        ),
     )
     for flag, env, text in (
         ("--tls-ca", "STRATAD_TLS_CA", "PEM CA file that signed the daemon's certificate"),
@@ -315,7 +343,7 @@ def _add_credentials(group: Any, default: Callable[[object], object]) -> None:
     ):
         group.add_argument(flag, metavar="FILE" if "name" not in flag else "NAME",
                            default=default(None),
-                           help=f"{text}; implies --tls (env: {env})")  # fmt: skip
+                           help=shown(f"{text}; implies --tls (env: {env})"))  # fmt: skip
 
 
 def _add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -344,6 +372,7 @@ __all__ = [
     "ADDRESS_ENV",
     "DECODERS",
     "DEFAULT_ADDRESS",
+    "GLOBAL_OPTIONS_EPILOG",
     "SHELLS",
     "TENANT_ENV",
     "add_parser",

@@ -32,7 +32,7 @@ from stratad.ctl.archive import (
     ArchiveWriter,
 )
 from stratad.ctl.progress import Progress
-from stratad.errors import NotFoundError, StratadError, UnavailableError
+from stratad.errors import AlreadyExistsError, NotFoundError, StratadError, UnavailableError
 from stratad.sdk.client import Client, to_error
 from stratad.sdk.connection import Connection, TLSConfig
 from stratad.server.auth import token_digest
@@ -861,6 +861,8 @@ class _Importer:
         self.manifest = reader.manifest
         self.session_id = session_id
         self.head = ""
+        #: The archived checkpoint being imported (named when its ID is taken).
+        self.current = ""
         self.imported: set[str] = set()
         self.notes: list[str] = []
         self.status = "active"
@@ -870,28 +872,84 @@ class _Importer:
 
     def run(self) -> None:
         s = self.manifest.session
-        self.client.create_session(
-            self.session_id,
-            labels=s.labels,
-            keep_last=s.keep_last,
-            max_age_seconds=s.max_age_seconds,
-        )
+        try:
+            self.client.create_session(
+                self.session_id,
+                labels=s.labels,
+                keep_last=s.keep_last,
+                max_age_seconds=s.max_age_seconds,
+            )
+        except AlreadyExistsError as exc:
+            if self._holds_archived(self.session_id):
+                raise CtlError(
+                    f"session {self.session_id!r} already exists in {self._tenant()} with the "
+                    "archive's checkpoints, whose IDs are unique within a tenant (another "
+                    "--session-id would not be enough): import into another --tenant, or "
+                    f"delete session {self.session_id!r} first"
+                ) from exc
+            raise CtlError(
+                f"session {self.session_id!r} already exists in {self._tenant()}: import under "
+                "another --session-id, or into another --tenant"
+            ) from exc
         try:
             self._checkpoints()
             self._finish()
         except BaseException as exc:
             with contextlib.suppress(StratadError):
                 self.client.delete_session(self.session_id)
+            if isinstance(exc, AlreadyExistsError) and self.current:
+                raise CtlError(
+                    f"import of {self.session_id} failed and was rolled back: "
+                    f"{self._taken(self.current)}"
+                ) from exc
             if isinstance(exc, StratadError) and not isinstance(exc, ArchiveError):
                 raise CtlError(
                     f"import of {self.session_id} failed and was rolled back: {exc.message}"
                 ) from exc
             raise
 
+    def _tenant(self) -> str:
+        tenant = self.ctl.tenant
+        return f"tenant {tenant!r}" if tenant else "this tenant"
+
+    def _taken(self, checkpoint_id: str) -> str:
+        """What to do when the archive's ``checkpoint_id`` is taken in the tenant:
+        an import keeps checkpoint IDs, which are unique within a tenant."""
+        holder = self._holder(checkpoint_id)
+        where = f"session {holder!r} already has" if holder else "another session has"
+        remedy = f"delete session {holder!r} first" if holder else "delete that session first"
+        return (
+            f"{where} checkpoint {checkpoint_id!r} in {self._tenant()}, and an import keeps the "
+            "archive's checkpoint IDs (unique within a tenant; --session-id renames only the "
+            f"session): import into another --tenant, or {remedy}"
+        )
+
+    def _holder(self, checkpoint_id: str) -> str:
+        """The archive's original session if it is in this tenant and holds
+        ``checkpoint_id`` (the usual case: an archive imported back into the
+        tenant it was exported from), else ""."""
+        original = self.manifest.session.session_id
+        if original == self.session_id:  # the import's own session, deleted by now
+            return ""
+        return original if self._holds_archived(original, checkpoint_id) else ""
+
+    def _holds_archived(self, session_id: str, checkpoint_id: str = "") -> bool:
+        """Whether ``session_id`` holds ``checkpoint_id`` (default: any of the archive's)."""
+        wanted = (
+            {checkpoint_id}
+            if checkpoint_id
+            else {c.checkpoint_id for c in self.manifest.checkpoints}
+        )
+        try:
+            return any(c.checkpoint_id in wanted for c in self.client.list_checkpoints(session_id))
+        except StratadError:
+            return False
+
     def _checkpoints(self) -> None:
         checkpoints = self.manifest.checkpoints
         with self.ctl.progress(f"import {self.session_id}", len(checkpoints)) as progress:
             for cp, data in self.reader.states():
+                self.current = cp.checkpoint_id
                 if cp.name:
                     self._named(cp, data)
                 else:
@@ -899,6 +957,7 @@ class _Importer:
                 self._put_writes(cp)
                 self.imported.add(cp.checkpoint_id)
                 progress.advance()
+            self.current = ""
 
     def _set_structured(self, blob: ArchivedBlob | None) -> None:
         """Make the session's structured state ``blob``'s (None: none) before a capture.

@@ -46,7 +46,15 @@ def command_tree(parser: argparse.ArgumentParser) -> list[Node]:
     return nodes
 
 
-def _walk(parser: argparse.ArgumentParser, path: str, nodes: list[Node]) -> None:
+def _walk(
+    parser: argparse.ArgumentParser,
+    path: str,
+    nodes: list[Node],
+    inherited: dict[str, str] | None = None,
+) -> None:
+    """``inherited``: the help of the options above ``parser``, for the global
+    options a subcommand repeats with their help suppressed (ctl/__init__.py)."""
+    inherited = inherited or {}
     node = Node(path)
     nodes.append(node)
     children: list[tuple[str, argparse.ArgumentParser]] = []
@@ -60,13 +68,14 @@ def _walk(parser: argparse.ArgumentParser, path: str, nodes: list[Node]) -> None
         elif action.option_strings:
             node.options.extend(action.option_strings)
             for option in action.option_strings:
-                node.help[option] = action.help or ""
+                shown = action.help != argparse.SUPPRESS
+                node.help[option] = (action.help if shown else inherited.get(option)) or ""
                 if action.nargs != 0:
                     node.valued[option] = [str(c) for c in action.choices or ()]
         elif action.choices:
             node.positional_choices.extend(str(c) for c in action.choices)
     for name, child in children:
-        _walk(child, f"{path} {name}", nodes)
+        _walk(child, f"{path} {name}", nodes, {**inherited, **node.help})
 
 
 def completion_script(shell: str, parser: argparse.ArgumentParser | None = None) -> str:

@@ -36,11 +36,14 @@ from stratad.api.v1 import (
 from stratad.errors import (
     ERROR_BY_STATUS,
     ERROR_DOMAIN,
+    AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     StratadError,
+    UnavailableError,
 )
+from stratad.sdk import diagnose
 from stratad.sdk.connection import DEFAULT_ADDRESS, TENANT_HEADER, Connection, TLSConfig
 from stratad.sdk.native import NativeUnaryChannel
 from stratad.sdk.upload import Uploader, UploadPlan
@@ -129,9 +132,38 @@ def error_info(exc: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
     return None
 
 
+#: Deepest nesting of objects and lists the daemon accepts in metadata (its
+#: MAX_STRUCT_DEPTH, server/servicers/values.py): ``{"a": 1}`` is 1 level.
+MAX_METADATA_DEPTH = 32
+
+
+def check_depth(value: Any, what: str = "metadata") -> None:
+    """Refuse ``value`` nested deeper than `MAX_METADATA_DEPTH` before it is sent,
+    as the daemon would (InvalidArgumentError, reason INVALID_VALUE): deeper
+    than about 33 levels protobuf itself fails to copy the Struct into a request
+    with a DecodeError. An explicit stack: no depth exhausts Python's recursion."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Iterable[Any] = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        if depth + 1 > MAX_METADATA_DEPTH:
+            raise InvalidArgumentError(
+                f"{what} is nested deeper than {MAX_METADATA_DEPTH} levels of objects and lists",
+                reason="INVALID_VALUE",
+                metadata={"field": what, "max_depth": str(MAX_METADATA_DEPTH)},
+            )
+        stack.extend((child, depth + 1) for child in children)
+
+
 def struct(value: dict[str, Any] | None) -> struct_pb2.Struct:
     out = struct_pb2.Struct()
     if value:
+        check_depth(value)
         out.update(value)
     return out
 
@@ -180,7 +212,9 @@ def _native_channel(connection: Connection, max_message_bytes: int) -> NativeUna
     if connection.tls is not None or tracing.client_tracer_provider() is not None:
         return None
     try:
-        return NativeUnaryChannel(connection.address, max_message_bytes=max_message_bytes)
+        return NativeUnaryChannel(
+            connection.address, max_message_bytes=max_message_bytes, explain=connection.explain
+        )
     except ValueError:
         return None
 
@@ -288,6 +322,11 @@ class Client:
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
+            diagnosis = diagnose.diagnose_address(self.address, self.connection.tls)
+            if diagnosis is not None:  # a TLS mismatch: say which setting to change
+                raise UnavailableError(
+                    diagnosis.message, reason=diagnosis.reason, metadata={"address": self.address}
+                ) from None
             raise StratadError(f"no stratad daemon reachable at {self.address}") from None
 
     # -- sessions ----------------------------------------------------------------
@@ -299,7 +338,11 @@ class Client:
         labels: dict[str, str] | None = None,
         keep_last: int = 0,
         max_age_seconds: float = 0.0,
+        exist_ok: bool = False,
     ) -> session_pb2.Session:
+        """Create a session; with ``exist_ok`` an existing one is returned as it is
+        (its labels and retention unchanged) instead of raising AlreadyExistsError,
+        so that a script can be run again."""
         request = session_pb2.CreateSessionRequest(
             session_id=session_id,
             labels=labels or {},
@@ -307,7 +350,12 @@ class Client:
                 keep_last=keep_last, max_age_seconds=max_age_seconds
             ),
         )
-        return self.call(self.sessions.CreateSession, request).session  # type: ignore[no-any-return]
+        try:
+            return self.call(self.sessions.CreateSession, request).session  # type: ignore[no-any-return]
+        except AlreadyExistsError:
+            if not exist_ok:
+                raise
+        return self.get_session(session_id)
 
     def get_session(self, session_id: str) -> session_pb2.Session:
         request = session_pb2.GetSessionRequest(session_id=session_id)
@@ -347,7 +395,7 @@ class Client:
                 yield response.event
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
-                raise to_error(exc) from None
+                raise to_error(self.connection.explain(exc)) from None
         finally:
             stream.cancel()
 
@@ -510,7 +558,7 @@ class Client:
         try:
             yield from stream
         except grpc.RpcError as exc:
-            raise to_error(exc) from None
+            raise to_error(self.connection.explain(exc)) from None
 
     # -- admin -------------------------------------------------------------------
 
@@ -645,7 +693,8 @@ class AsyncClient:
         try:
             return await method(request, timeout=timeout or self.timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise to_error(exc) from None
+            # UNAVAILABLE because of a TLS mismatch: a message that names the fix.
+            raise to_error(await self.connection.aio_explain(exc)) from None
 
     async def create_session(
         self,
@@ -654,7 +703,11 @@ class AsyncClient:
         labels: dict[str, str] | None = None,
         keep_last: int = 0,
         max_age_seconds: float = 0.0,
+        exist_ok: bool = False,
     ) -> session_pb2.Session:
+        """Create a session; with ``exist_ok`` an existing one is returned as it is
+        (its labels and retention unchanged) instead of raising AlreadyExistsError,
+        so that a script can be run again."""
         request = session_pb2.CreateSessionRequest(
             session_id=session_id,
             labels=labels or {},
@@ -662,7 +715,12 @@ class AsyncClient:
                 keep_last=keep_last, max_age_seconds=max_age_seconds
             ),
         )
-        return (await self.call(self.sessions.CreateSession, request)).session  # type: ignore[no-any-return]
+        try:
+            return (await self.call(self.sessions.CreateSession, request)).session  # type: ignore[no-any-return]
+        except AlreadyExistsError:
+            if not exist_ok:
+                raise
+        return await self.get_session(session_id)
 
     async def get_session(self, session_id: str) -> session_pb2.Session:
         request = session_pb2.GetSessionRequest(session_id=session_id)
@@ -701,7 +759,7 @@ class AsyncClient:
                 yield response.event
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
-                raise to_error(exc) from None
+                raise to_error(await self.connection.aio_explain(exc)) from None
         finally:
             stream.cancel()
 

@@ -16,6 +16,13 @@ variables when an argument is not given (None or empty):
                             it is not the host dialed (e.g. dialing an IP)
 =========================== ===============================================
 
+TLS mismatches: a unary call on these channels that fails UNAVAILABLE
+without reaching the daemon (after the channel's retries) is explained when
+the TLS settings are the cause: a plaintext client on a TLS port, a client
+without a certificate on an mTLS port, a TLS client on a plaintext port. Its
+message then names the setting to change, its reason is TLS_REQUIRED,
+CLIENT_CERT_REQUIRED or TLS_NOT_SUPPORTED (stratad.sdk.diagnose).
+
 Tracing: when the application has set an OpenTelemetry tracer provider and
 the otel extra is installed, every channel made here starts a CLIENT span per
 call and sends its W3C ``traceparent``, so the daemon's spans join the
@@ -25,6 +32,7 @@ carry no interceptor.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,6 +43,7 @@ import grpc
 import grpc.aio
 
 from stratad import tracing
+from stratad.sdk import diagnose
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 TENANT_HEADER = "x-stratad-tenant"
@@ -143,7 +152,25 @@ class Connection:
         else:
             credentials = self.tls.channel_credentials()
             channel = grpc.secure_channel(self.address, credentials, options=options)
-        return tracing.traced_channel(channel)  # type: ignore[no-any-return]
+        channel = tracing.traced_channel(channel)
+        if diagnose.tcp_endpoint(self.address) is None:
+            return channel  # a unix socket: no TLS to get wrong
+        return grpc.intercept_channel(  # type: ignore[no-any-return]
+            channel, diagnose.ExplainingInterceptor(self.address, self.tls)
+        )
+
+    def explain(self, exc: grpc.RpcError) -> grpc.RpcError:
+        """``exc``, or (a call that failed UNAVAILABLE because of a TLS mismatch)
+        an error with the same code whose message names the setting to change.
+        Probes the daemon's port once (at most diagnose.PROBE_TIMEOUT): call it
+        only for a failed call."""
+        return diagnose.explained(exc, self.address, self.tls)
+
+    async def aio_explain(self, exc: grpc.RpcError) -> grpc.RpcError:
+        """`explain` for asyncio clients (the probe runs in a thread), as an AioRpcError."""
+        if not diagnose.may_explain(exc, self.address):
+            return exc
+        return await asyncio.to_thread(diagnose.aio_explained, exc, self.address, self.tls)
 
     def aio_channel(self, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
         options = [*(options or []), *(self.tls.channel_options() if self.tls else [])]

@@ -10,7 +10,10 @@ code, details and trailing metadata (so `to_error` maps it), and the retry
 policy of the grpcio channel (`UNAVAILABLE` before the daemon started
 answering: up to 5 attempts, exponential backoff with jitter). A call waits
 without the GIL but checks for signals every 50 ms (Ctrl-C interrupts it); a
-forked child opens its own connection on its first call.
+forked child opens its own connection on its first call. A call that fails
+UNAVAILABLE before reaching the daemon, all attempts spent, is handed to
+``explain`` (the client's `Connection.explain`: a plaintext client on a TLS port
+gets a message that names the fix).
 """
 
 from __future__ import annotations
@@ -70,10 +73,17 @@ class NativeUnaryChannel:
     """One HTTP/2 connection to a daemon for unary calls (safe to share
     between threads; they share the connection)."""
 
-    def __init__(self, address: str, *, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        max_message_bytes: int,
+        explain: Callable[[grpc.RpcError], grpc.RpcError] | None = None,
+    ) -> None:
         # As channel_options: the daemon's limit plus room for the envelope.
         self._limit = max_message_bytes + (1 << 20)
         self._address = address
+        self._explain = explain
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._channel: native.NativeChannel | None = self._connect()
@@ -135,8 +145,12 @@ class NativeUnaryChannel:
             if code == 0:
                 return _decoded(response, decode)
             status = _STATUS.get(code, grpc.StatusCode.UNKNOWN)
-            if status != grpc.StatusCode.UNAVAILABLE or committed or attempt == MAX_ATTEMPTS:
+            if status != grpc.StatusCode.UNAVAILABLE or committed:
                 raise NativeRpcError(status, details, trailers)
+            if attempt == MAX_ATTEMPTS:
+                # Never reached the daemon: a TLS port, say, which the error can name.
+                error = NativeRpcError(status, details, trailers)
+                raise error if self._explain is None else self._explain(error)
             # Did not reach the daemon: wait (with jitter, as grpc does) and retry.
             time.sleep(min(random.uniform(0, backoff), max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * BACKOFF_MULTIPLIER, MAX_BACKOFF)

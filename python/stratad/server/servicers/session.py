@@ -123,9 +123,13 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
         """The next event; None when the session is deleted or the daemon stops."""
         get = asyncio.ensure_future(queue.get())
         stop = asyncio.ensure_future(self.resources.stopping.wait())
-        done, _ = await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (get, stop):
-            if task not in done:
+        try:
+            done, _ = await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Also when the watch itself is cancelled (the client left): a get
+            # left pending on a dropped queue is garbage-collected while pending
+            # ("Task was destroyed but it is pending!" in the daemon's log).
+            for task in (get, stop):
                 task.cancel()
         return get.result() if get in done else None
 
