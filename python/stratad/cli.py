@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stratad import __version__, ctl
-from stratad.config import CONFIG_FILE_ENV, OPTIONS, ConfigError, Option, load_config
+from stratad.config import CONFIG_FILE_ENV, OPTIONS, Config, ConfigError, Option, load_config
 from stratad.errors import StratadError
+from stratad.mcp.cli import add_mcp_parser, run_mcp
 
 EXIT_OK = 0
 EXIT_START_FAILED = 1
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(commands)
     ctl.add_parser(commands)
+    add_mcp_parser(commands)
     _add_key_commands(commands)
     return parser
 
@@ -89,7 +91,9 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--check-config",
         action="store_true",
         help="check the configuration (file, environment, flags) the way serving would, "
-        "print it and exit: 0 if it is valid, 2 with the error if not (nothing is started)",
+        "including that the files it names (TLS, tokens, keys) can be read and the tokens "
+        "file parsed; print it and exit: 0 if it is valid, 2 with the error if not "
+        "(nothing is started)",
     )
     for option in OPTIONS:
         # default=None marks "not given", so lower layers are not overridden.
@@ -117,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "mcp":
+        return run_mcp(args)
     if args.command == "ctl":
         return ctl.main(args)
     if args.command == "keygen":
@@ -142,6 +148,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(f"config error: {exc.message}", EXIT_USAGE)
     if args.check_config:
+        problem = _config_file_problem(config)
+        if problem is not None:
+            return _fail(f"config error: {problem}", EXIT_USAGE)
         print(f"stratad: config OK: listen={config.listen} data_dir={config.data_dir}")
         return 0
     setup_logging(config.log_level, config.log_format)
@@ -151,6 +160,22 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(exc.message, EXIT_START_FAILED)
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
         return EXIT_INTERRUPTED
+
+
+def _config_file_problem(config: Config) -> str | None:
+    """What is wrong with the files ``config`` names (serving reads them at start)."""
+    from stratad.server.auth import load_identities
+
+    for key in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "encryption_key_file"):
+        path = getattr(config, key)
+        if path and not os.access(path, os.R_OK):
+            return f"{key} = {path!r} cannot be read"
+    if config.auth != "off" and config.auth_tokens_file:
+        try:
+            load_identities(Path(config.auth_tokens_file))
+        except ConfigError as exc:
+            return exc.message
+    return None
 
 
 def _rotate_key(args: argparse.Namespace) -> int:
