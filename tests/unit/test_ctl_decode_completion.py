@@ -107,7 +107,7 @@ def test_the_tree_has_every_ctl_command_and_the_global_options_everywhere() -> N
 
 
 CASES = [
-    (["stratad", ""], {"serve", "ctl", "keygen", "rotate-key"}),
+    (["stratad", ""], {"serve", "ctl", "mcp", "keygen", "rotate-key"}),
     (["stratad", "ctl", "s"], {"sessions", "state", "stats"}),
     (["stratad", "ctl", "--address", "unix:/x", "sessions", ""], {"ls", "show", "rm", "watch"}),
     (["stratad", "ctl", "checkpoints", ""], {"ls", "show", "diff"}),
@@ -179,3 +179,22 @@ def test_completion_command_prints_the_script(capsys: pytest.CaptureFixture[str]
     assert "complete -F _stratad stratad" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["ctl", "completion", "tcsh"])
+
+
+def test_decoding_a_langgraph_payload_that_names_a_callable_never_calls_it(tmp_path: Path) -> None:
+    """ctl decodes what any agent saved: a payload naming os.mkdir (LangGraph's default
+    serializer would call it) decodes to its arguments, and nothing is created."""
+    import ormsgpack
+
+    target = tmp_path / "made-by-a-payload"
+    call = ormsgpack.Ext(1, ormsgpack.packb(["os", "mkdir", [str(target)]]))  # a constructor
+    envelope = {"checkpoint": {"v": 4, "id": "x", "channel_values": {"evil": call}}}
+    content_type = decode.LANGGRAPH_CONTENT_TYPE_PREFIX + "msgpack"
+    decoded = decode.decode(ormsgpack.packb(envelope), content_type, "langgraph")
+    assert decoded.value["checkpoint"]["channel_values"] == {"evil": [str(target)]}
+    assert not target.exists()
+
+
+def test_a_pickled_langgraph_checkpoint_is_refused_not_unpickled() -> None:
+    with pytest.raises(decode.DecodeError, match="never unpickles"):
+        decode.decode(b"\x80\x04K\x01.", decode.LANGGRAPH_CONTENT_TYPE_PREFIX + "pickle")

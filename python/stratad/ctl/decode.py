@@ -6,7 +6,11 @@ stratad stores opaque bytes; `ctl checkpoints show`, `checkpoints diff` and
 - ``langgraph``: a checkpoint StratadSaver stored (content type
   ``application/vnd.langgraph.checkpoint+<serde type>``, the bytes of
   LangGraph's serializer, JsonPlusSerializer by default) decoded with
-  LangGraph's own serializer, then turned into JSON (`to_jsonable`);
+  LangGraph's own serializer in its strict mode (`strict_langgraph_serde`),
+  then turned into JSON (`to_jsonable`). Strict because the default one
+  imports and calls whatever callable the bytes name, and whoever saved a
+  state is not whoever reads it (an operator, the inspector): decoding must
+  never run code. Pickled checkpoints are refused for the same reason;
 - ``json``: the bytes parsed as UTF-8 JSON;
 - ``raw``: the bytes themselves.
 
@@ -24,6 +28,7 @@ import base64
 import dataclasses
 import datetime
 import enum
+import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -73,6 +78,26 @@ def decode_langgraph(data: bytes, content_type: str) -> Any:
             f"not a checkpoint StratadSaver stored: its content type is {content_type!r}, "
             f"not {LANGGRAPH_CONTENT_TYPE_PREFIX}<type>"
         )
+    serde_type = content_type[len(LANGGRAPH_CONTENT_TYPE_PREFIX) :]
+    if serde_type == "pickle":
+        raise DecodeError(
+            "this checkpoint is pickled, and stratad never unpickles what agents stored "
+            "(unpickling can run code): read it with --decode raw"
+        )
+    serde = strict_langgraph_serde()
+    try:
+        value = serde.loads_typed((serde_type, data))
+    except Exception as exc:
+        raise DecodeError(
+            f"LangGraph's serializer cannot read this {serde_type!r} checkpoint: {exc}"
+        ) from None
+    return to_jsonable(value)
+
+
+@functools.cache
+def strict_langgraph_serde() -> Any:
+    """LangGraph's JsonPlusSerializer, strict: only its allowlist of safe types (messages,
+    Send, Interrupt, datetimes, ...) is rebuilt, never an arbitrary callable, never pickle."""
     try:
         from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     except ImportError:
@@ -80,14 +105,9 @@ def decode_langgraph(data: bytes, content_type: str) -> Any:
             "decoding a LangGraph checkpoint needs langgraph: pip install 'stratad[langgraph]' "
             "(or langgraph) where stratad ctl runs"
         ) from None
-    serde_type = content_type[len(LANGGRAPH_CONTENT_TYPE_PREFIX) :]
-    try:
-        value = JsonPlusSerializer().loads_typed((serde_type, data))
-    except Exception as exc:
-        raise DecodeError(
-            f"LangGraph's serializer cannot read this {serde_type!r} checkpoint: {exc}"
-        ) from None
-    return to_jsonable(value)
+    return JsonPlusSerializer(
+        pickle_fallback=False, allowed_json_modules=None, allowed_msgpack_modules=None
+    )
 
 
 def to_jsonable(value: Any) -> Any:

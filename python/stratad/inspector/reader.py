@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
-import functools
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -43,7 +42,12 @@ from stratad.domain.crystals import Crystal
 from stratad.domain.ids import validate_id
 from stratad.domain.models import Checkpoint
 from stratad.domain.sessions import LiveSession
-from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError
+from stratad.errors import (
+    DataLossError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from stratad.inspector import jsondiff
 
 if TYPE_CHECKING:
@@ -467,22 +471,16 @@ class Undecodable(Exception):
     """A LangGraph checkpoint the inspector cannot decode; the message says why."""
 
 
-@functools.cache
 def _langgraph_serde() -> Any:
-    """LangGraph's own serializer, strict: only its allowlist of safe types is rebuilt.
-
-    The default (permissive) one imports and calls whatever module and callable a
-    msgpack payload names, which is code execution for anyone who can save a state.
-    """
+    """LangGraph's own serializer, strict (`stratad.ctl.decode.strict_langgraph_serde`):
+    the default imports and calls whatever callable a payload names, which is code
+    execution for anyone who can save a state."""
     try:
-        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-    except ImportError:
+        return state_decode.strict_langgraph_serde()
+    except FailedPreconditionError:
         raise Undecodable(
             "decoding it needs LangGraph where the daemon runs (pip install 'stratad[langgraph]')"
         ) from None
-    return JsonPlusSerializer(
-        pickle_fallback=False, allowed_json_modules=None, allowed_msgpack_modules=None
-    )
 
 
 def _serde_type(content_type: str) -> str:
