@@ -37,19 +37,27 @@ VENV_BIN = ROOT / ".venv" / "bin"
 
 # The driver of a page's Python blocks: one interpreter, one namespace.
 PYTHON_DRIVER = r"""
-import contextlib, json, sys, traceback
+import json, os, sys, traceback
+# Blocks write to fds 1 and 2, pointed at each block's output file in turn (not
+# sys.stdout swapped: a library may keep the sys.stderr it saw at import);
+# the status of each block goes to a copy of the original stdout.
+status_out = os.fdopen(os.dup(1), "w")
 namespace = {"__name__": "__main__"}
 for request in sys.stdin:
     block = json.loads(request)
-    with open(block["output"], "w") as out, contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(out):
-        try:
-            exec(compile(block["code"], block["where"], "exec"), namespace)
-            status = "ok"
-        except BaseException:
-            traceback.print_exc()
-            status = "error"
-    print(status, flush=True)
+    output = os.open(block["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.close(output)
+    try:
+        exec(compile(block["code"], block["where"], "exec"), namespace)
+        status = "ok"
+    except BaseException:
+        traceback.print_exc()
+        status = "error"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    print(status, file=status_out, flush=True)
 """
 
 

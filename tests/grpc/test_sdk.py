@@ -121,6 +121,32 @@ def test_client_tenants_are_isolated(api: Api) -> None:
         assert list(b.list_sessions()) == []
 
 
+def test_call_sends_extra_metadata_with_the_clients_tenant(api: Api) -> None:
+    """docs/observability.md: a request ID passed to `call` goes with the tenant header
+    (passing metadata= to the stub replaced it) and errors are stratad errors."""
+    seen: list[dict[str, str]] = []
+
+    class Spy(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            seen.append(dict(details.metadata or ()))
+            return continuation(details, request)
+
+    with stratad.Client(api.target, tenant="acme") as client:
+        client.create_session("s1")
+        request = checkpoint_pb2.SaveStateRequest(session_id="s1", data=b"{}")
+        extra = [("x-request-id", "req-42")]
+        saved = client.call(client.checkpoints.SaveState, request, metadata=extra)
+        assert client.load_state("s1").checkpoint_id == saved.checkpoint_id  # tenant acme
+        with pytest.raises(errors.NotFoundError):
+            missing = checkpoint_pb2.SaveStateRequest(session_id="nope", data=b"{}")
+            client.call(client.checkpoints.SaveState, missing, metadata=extra)
+        channel = grpc.intercept_channel(grpc.insecure_channel(api.target), Spy())
+        stub = checkpoint_pb2_grpc.CheckpointServiceStub(channel)
+        client.call(stub.SaveState, request, metadata=extra)
+        channel.close()
+    assert seen[-1]["x-request-id"] == "req-42" and seen[-1]["x-stratad-tenant"] == "acme"
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 

@@ -310,10 +310,21 @@ class Client:
         """What every call carries: the tenant header and the bearer token, when set."""
         return self._metadata
 
-    def call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
-        """Invoke a unary stub method with deadline and tenant; map errors."""
+    def call(
+        self,
+        method: Any,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Iterable[tuple[str, str]] = (),
+    ) -> Any:
+        """Invoke a unary stub method with deadline, tenant and token; map errors.
+
+        ``metadata`` is sent as well as the client's own headers (e.g.
+        ``[("x-request-id", "req-42")]``); passing ``metadata=`` to a stub method
+        directly would replace them, tenant and token included."""
+        headers = (*self._metadata, *metadata)
         try:
-            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            return method(request, timeout=timeout or self.timeout, metadata=headers)
         except grpc.RpcError as exc:
             raise to_error(exc) from None
 
@@ -689,9 +700,17 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+    async def call(
+        self,
+        method: Any,
+        request: Any,
+        timeout: float | None = None,
+        metadata: Iterable[tuple[str, str]] = (),
+    ) -> Any:
+        """As `Client.call`: ``metadata`` is sent as well as the client's own headers."""
+        headers = (*self._metadata, *metadata)
         try:
-            return await method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            return await method(request, timeout=timeout or self.timeout, metadata=headers)
         except grpc.RpcError as exc:
             # UNAVAILABLE because of a TLS mismatch: a message that names the fix.
             raise to_error(await self.connection.aio_explain(exc)) from None
