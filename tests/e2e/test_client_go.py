@@ -176,6 +176,8 @@ def test_the_go_reasons_include_every_reason_the_daemon_raises() -> None:
     raised = {
         reason
         for source in (GO_MODULE.parents[1] / "python" / "stratad").rglob("*.py")
+        # MCP tool errors and adapters' in-process errors never cross the gRPC API.
+        if not {"mcp", "integrations"} & set(source.parts)
         for reason in literal.findall(source.read_text())
     }
     listed = set(

@@ -83,6 +83,8 @@ def test_the_ts_reason_list_knows_every_reason_the_daemon_raises() -> None:
     raised = {
         reason
         for source in (ROOT / "python" / "stratad").rglob("*.py")
+        # MCP tool errors and adapters' in-process errors never cross the gRPC API.
+        if not {"mcp", "integrations"} & set(source.parts)
         for reason in literal.findall(source.read_text())
     }
     listed = set(
