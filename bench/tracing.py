@@ -41,11 +41,12 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _daemon import daemon_process
-from _report import fmt_time, machine_facts, markdown_table, median, percentile
+from _report import fmt_time, machine_facts, markdown_table, median, percentile, write_section
 
 import stratad
 
 STATE_BYTES = 3_000
+HEADING = "## Tracing overhead (bench/tracing.py)"
 
 
 class CountingReceiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
@@ -151,14 +152,22 @@ def main() -> None:
                 cpu_overhead,
             ]
         )
-    print(
-        f"{machine_facts()}; {rounds} rounds x {calls} sequential SaveState of "
-        f"{STATE_BYTES} B per daemon, durability fsync"
+    facts = (
+        f"{machine_facts()}. `python bench/tracing.py`: {rounds} rounds x {calls} sequential "
+        f"SaveState of {STATE_BYTES} B per daemon, durability fsync, three daemons side by "
+        "side (tracing off, otlp ratio 1, otlp ratio 0) in alternating rounds; spans go to "
+        "an OTLP receiver in the benchmark process, on the same cores."
     )
     headers = ["tracing", "median per call", "p99", "median overhead", "daemon CPU per call"]
-    print(markdown_table([*headers, "CPU overhead"], rows))
-    print(f"load average after the run: {os.getloadavg()[0]:.1f}")
-    print(f"spans exported to the receiver: {exported}")
+    table = markdown_table([*headers, "CPU overhead"], rows)
+    footer = (
+        f"Load average after the run: {os.getloadavg()[0]:.1f}. Spans exported to the "
+        f"receiver: {exported}. What it means: "
+        "[observability.md](observability.md#what-it-costs)."
+    )
+    print(facts, table, footer, sep="\n\n")
+    if not args.quick:
+        write_section(HEADING, "\n\n".join([HEADING, facts, table, footer]) + "\n")
 
 
 if __name__ == "__main__":

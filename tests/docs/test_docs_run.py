@@ -102,6 +102,42 @@ def test_the_readme_headline_figure_is_the_benchmarks_one() -> None:
     )
 
 
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings (lowercase; punctuation dropped; spaces to -)."""
+    anchors: set[str] = set()
+    in_code = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        if in_code or not line.startswith("#"):
+            continue
+        text = line.lstrip("#").strip().lower()
+        slug = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_every_relative_link_and_anchor_resolves() -> None:
+    broken = []
+    for page in PAGES:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        text = re.sub(r"```.*?```", "", text, flags=re.S)  # links in code are code
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s), mailto: not checked offline
+            path, _, anchor = target.partition("#")
+            file = (ROOT / page).parent / path if path else ROOT / page
+            if not file.exists():
+                broken.append(f"{page}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file):
+                broken.append(f"{page}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
 def tools_path() -> str:
     """PATH for the blocks: the venv (as if activated), Go, grpcurl (make go-tools)."""
     go_bin = str(Path(find_go()).parent)
