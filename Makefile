@@ -104,6 +104,19 @@ core-purity: ## Fail if the pure Rust core depends on pyo3
 bench: build ## Run every benchmark and update docs/benchmarks.md
 	@for b in bench/[a-z]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# The wheel (docs/install.md): abi3 (CPython >= 3.11), manylinux x86_64, in dist/.
+# `make wheel ZIG=1`: linked by zig against glibc 2.17 (manylinux2014; a second,
+# cross release build). `make wheel-test` installs it into a fresh venv with no
+# Rust on PATH and runs the daemon, the SDK and the LangGraph saver from there.
+.PHONY: wheel wheel-test
+ZIG ?= 0
+
+wheel: ## Build the stratad wheel into dist/ (abi3, manylinux; needs Rust; ZIG=1: manylinux2014 via zig)
+	ZIG=$(ZIG) bash scripts/build-wheel.sh
+
+wheel-test: $(STAMP) wheel ## Install dist/'s wheel in a fresh venv without Rust; run serve, the SDK, LangGraph
+	STRATAD_WHEEL="$$(ls dist/stratad-*.whl)" $(PY) -m pytest -q tests/e2e/test_wheel_install.py
+
 deploy-check: $(STAMP) ## Check deploy/ offline: hadolint, Dockerfile build steps, helm lint/template, kubeconform
 	bash scripts/check_deploy.sh
 
