@@ -86,12 +86,27 @@ def decode_langgraph(data: bytes, content_type: str) -> Any:
         )
     serde = strict_langgraph_serde()
     try:
-        value = serde.loads_typed((serde_type, data))
+        value = loads_langgraph_state(serde, serde_type, data)
     except Exception as exc:
         raise DecodeError(
             f"LangGraph's serializer cannot read this {serde_type!r} checkpoint: {exc}"
         ) from None
     return to_jsonable(value)
+
+
+#: The first bytes of a StratadSaver checkpoint in its piece layout
+#: (stratad.integrations.langgraph.LAYOUT_MAGIC); earlier ones are one payload.
+LANGGRAPH_LAYOUT_MAGIC = b"SLG2\n"
+
+
+def loads_langgraph_state(serde: Any, serde_type: str, data: bytes) -> Any:
+    """``{checkpoint, metadata, parent_checkpoint_id}`` of a StratadSaver state, in
+    either of the layouts it has written."""
+    if data.startswith(LANGGRAPH_LAYOUT_MAGIC):
+        from stratad.integrations.langgraph import decode_layout
+
+        return decode_layout(serde, data)
+    return serde.loads_typed((serde_type, data))
 
 
 @functools.cache
@@ -233,6 +248,7 @@ __all__ = [
     "decode_langgraph",
     "diff",
     "is_langgraph",
+    "loads_langgraph_state",
     "pointer_token",
     "to_jsonable",
 ]

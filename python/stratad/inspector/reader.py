@@ -491,10 +491,10 @@ def decode_langgraph(data: bytes, content_type: str) -> Any:
     """A StratadSaver checkpoint as JSON, ``{checkpoint, metadata, parent_checkpoint_id}``:
     what `stratad ctl checkpoints show --decode langgraph` prints (its `to_jsonable`),
     read with the strict serializer. Raises Undecodable."""
-    return _loads_langgraph(_serde_type(content_type), data, "checkpoint")
+    return _loads_langgraph(_serde_type(content_type), data, "checkpoint", state=True)
 
 
-def _loads_langgraph(serde_type: str, data: bytes, what: str) -> Any:
+def _loads_langgraph(serde_type: str, data: bytes, what: str, *, state: bool = False) -> Any:
     if serde_type not in LANGGRAPH_SERDE_TYPES:
         if serde_type == "pickle":
             raise Undecodable(
@@ -508,7 +508,12 @@ def _loads_langgraph(serde_type: str, data: bytes, what: str) -> Any:
         )
     serde = _langgraph_serde()
     try:
-        value = state_decode.to_jsonable(serde.loads_typed((serde_type, data)))
+        loaded = (
+            state_decode.loads_langgraph_state(serde, serde_type, data)
+            if state
+            else serde.loads_typed((serde_type, data))
+        )
+        value = state_decode.to_jsonable(loaded)
     except RecursionError:
         raise Undecodable(f"this {what} is nested too deeply to show") from None
     except Exception as exc:

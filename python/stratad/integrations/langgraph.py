@@ -12,11 +12,18 @@ How LangGraph's model maps onto stratad (see docs/langgraph.md):
 - a LangGraph checkpoint ID becomes the stratad checkpoint ID
   `<checkpoint id>.<16 hex of hash(thread, namespace)>` (stratad IDs are unique
   in a tenant, LangGraph's only in a thread), its parent the stratad parent;
-- the checkpoint, its metadata and its parent's ID are serialized together with
-  the saver's `serde` (LangGraph's JsonPlusSerializer by default) and saved as
-  the state's bytes, so stratad's content-defined chunking dedups what
-  successive checkpoints share; the metadata is also stored as the checkpoint's
-  metadata Struct, which `list(filter=...)` and `delete_for_runs` match on;
+- the checkpoint is saved as the state's bytes in the layout of `encode_layout`
+  (content type `application/vnd.langgraph.checkpoint+<serde type>`): every
+  element of a list channel (a message history) is serialized on its own with
+  the saver's `serde`, lists first, then the other channels, and the rest of the
+  checkpoint (IDs, versions, metadata, parent) last, so a growing list grows the
+  state at its end only and stratad's content-defined chunking and deltas store
+  and send only what a step added. A value whose channel version did not change,
+  and list elements already serialized (the same objects), are not serialized
+  again. Checkpoints of earlier versions (the whole `serde.dumps_typed` of
+  {checkpoint, metadata, parent_checkpoint_id}) still load. The metadata is also
+  stored as the checkpoint's metadata Struct, which `list(filter=...)` and
+  `delete_for_runs` match on;
 - pending writes are stratad pending writes (PutWrites), keyed by
   (task_id, idx) with LangGraph's WRITES_IDX_MAP for special channels;
 - `copy_thread` is CopySession (no state data is copied), `prune` is
@@ -33,11 +40,13 @@ import collections
 import contextlib
 import hashlib
 import json
+import operator
 import random
 import re
+import struct as _struct
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -66,9 +75,14 @@ from stratad.sdk.client import (
 )
 from stratad.sdk.connection import Connection, TLSConfig
 
-__all__ = ["StratadSaver"]
+__all__ = ["StratadSaver", "decode_layout", "encode_layout", "is_layout"]
 
 CONTENT_TYPE_PREFIX = "application/vnd.langgraph.checkpoint+"
+#: The first bytes of a checkpoint in the layout of `encode_layout`. Its content
+#: type stays CONTENT_TYPE_PREFIX + the serde type (of the trailer): checkpoints
+#: of earlier versions hold one serde.dumps_typed payload, which never starts so
+#: (a msgpack map, a JSON object).
+LAYOUT_MAGIC = b"SLG2\n"
 #: Session labels of the sessions this saver creates.
 INTEGRATION_LABEL = "stratad.integration"
 THREAD_LABEL = "langgraph.thread_id"
@@ -104,6 +118,341 @@ def langgraph_checkpoint_id(stratad_id: str) -> str | None:
     return match.group(1) if match else None
 
 
+# -- the stored layout ------------------------------------------------------------------
+#
+# state = MAGIC | piece* | trailer piece | u32 LE length of the trailer piece
+# piece = u8 length of the serde type | u32 LE length of the data | type | data
+#
+# The pieces are, in order: every element of each list channel (channels sorted
+# by name), then one piece per other channel (sorted by name). The trailer is
+# serde.dumps_typed({"checkpoint": the checkpoint without channel_values,
+# "metadata", "parent_checkpoint_id", "channels": [[name, element count, or -1
+# for a value], ...]}). A list that grows by appending grows the state just
+# before the trailer: the bytes before stay the same, so the chunks that hold
+# them are the previous checkpoint's.
+
+_PIECE_HEAD = _struct.Struct("<BI")
+_TRAILER_LEN = _struct.Struct("<I")
+
+
+def encode_piece(type_: str, data: bytes) -> bytes:
+    tag = type_.encode()
+    return _PIECE_HEAD.pack(len(tag), len(data)) + tag + data
+
+
+def _read_pieces(data: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
+    """(offset, type length, end) of each piece in data[start:end]."""
+    out = []
+    unpack = _PIECE_HEAD.unpack_from
+    head = _PIECE_HEAD.size
+    offset = start
+    while offset < end:
+        if offset + head > end:
+            raise ValueError("truncated StratadSaver checkpoint (piece header)")
+        tag_len, data_len = unpack(data, offset)
+        stop = offset + head + tag_len + data_len
+        if stop > end:
+            raise ValueError("truncated StratadSaver checkpoint (piece)")
+        out.append((offset, tag_len, stop))
+        offset = stop
+    return out
+
+
+def _typed(data: bytes, piece: tuple[int, int, int]) -> tuple[str, bytes]:
+    offset, tag_len, stop = piece
+    body = offset + _PIECE_HEAD.size
+    return data[body : body + tag_len].decode(), data[body + tag_len : stop]
+
+
+def is_layout(data: bytes) -> bool:
+    """Whether a StratadSaver state is in the layout `encode_layout` writes (else
+    it is one serde.dumps_typed payload, as StratadSaver wrote before)."""
+    return data.startswith(LAYOUT_MAGIC)
+
+
+def encode_layout(
+    serde: SerializerProtocol,
+    checkpoint: Checkpoint,
+    metadata: Any,
+    parent_checkpoint_id: str | None,
+) -> tuple[str, bytes]:
+    """(serde type, bytes) of a checkpoint in the stored layout, every value
+    serialized now (the saver reuses what earlier puts serialized: `_Encoder`)."""
+    return _Encoder(serde, 0).encode(("", ""), checkpoint, metadata, parent_checkpoint_id)
+
+
+def decode_layout(
+    serde: SerializerProtocol, data: bytes, cache: _Decoded | None = None
+) -> dict[str, Any]:
+    """{"checkpoint", "metadata", "parent_checkpoint_id"} of a state in the layout.
+
+    `cache`: decoded list elements by their serialized bytes (shared objects)."""
+    return _decode(serde, data, cache)[0]
+
+
+#: (channel, element count or -1, its pieces as (offset, type length, end)).
+_Table = list[tuple[str, int, list[tuple[int, int, int]]]]
+
+
+def _decode(
+    serde: SerializerProtocol, data: bytes, cache: _Decoded | None
+) -> tuple[dict[str, Any], _Table]:
+    if not data.startswith(LAYOUT_MAGIC) or len(data) < len(LAYOUT_MAGIC) + 4:
+        raise ValueError("not a StratadSaver checkpoint layout (bad magic)")
+    (trailer_len,) = _TRAILER_LEN.unpack_from(data, len(data) - 4)
+    trailer_start = len(data) - 4 - trailer_len
+    if trailer_start < len(LAYOUT_MAGIC):
+        raise ValueError("truncated StratadSaver checkpoint (trailer)")
+    (trailer,) = _read_pieces(data, trailer_start, len(data) - 4)
+    header = serde.loads_typed(_typed(data, trailer))
+    pieces = _read_pieces(data, len(LAYOUT_MAGIC), trailer_start)
+    values: dict[str, Any] = {}
+    table: _Table = []
+    at = 0
+    for name, count in header.pop("channels"):
+        n = 1 if count < 0 else count
+        items = pieces[at : at + n]
+        if len(items) != n:
+            raise ValueError("truncated StratadSaver checkpoint (channel)")
+        table.append((name, count, items))
+        at += len(items)
+        if count < 0:
+            values[name] = serde.loads_typed(_typed(data, items[0]))
+        elif cache is None:
+            values[name] = [serde.loads_typed(_typed(data, p)) for p in items]
+        else:
+            values[name] = [cache.get(serde, data, p) for p in items]
+    if at != len(pieces):
+        raise ValueError("StratadSaver checkpoint has pieces its trailer does not name")
+    checkpoint = header["checkpoint"]
+    checkpoint["channel_values"] = values
+    payload = {
+        "checkpoint": checkpoint,
+        "metadata": header["metadata"],
+        "parent_checkpoint_id": header.get("parent_checkpoint_id"),
+    }
+    return payload, table
+
+
+_MISSING = object()
+
+
+class _Decoded:
+    """Decoded list elements by their serialized piece (LRU, bounded in bytes).
+
+    Loading a checkpoint decodes only the elements this saver has not decoded (or
+    serialized) before; the objects are shared, as LangGraph shares them between
+    the checkpoints of a running graph."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._lock = threading.Lock()
+        self._items: collections.OrderedDict[bytes, Any] = collections.OrderedDict()
+        self._bytes = 0
+        self.max_bytes = max_bytes
+
+    def get(self, serde: SerializerProtocol, data: bytes, piece: tuple[int, int, int]) -> Any:
+        whole = data[piece[0] : piece[2]]
+        with self._lock:
+            value = self._items.get(whole, _MISSING)
+            if value is not _MISSING:
+                self._items.move_to_end(whole)
+                return value
+        value = serde.loads_typed(_typed(data, piece))
+        self.add(whole, value)
+        return value
+
+    def add(self, whole: bytes, value: Any) -> None:
+        if len(whole) > self.max_bytes // 16:
+            return
+        with self._lock:
+            if whole not in self._items:
+                self._bytes += len(whole)
+            self._items[whole] = value
+            self._items.move_to_end(whole)
+            while self._bytes > self.max_bytes:
+                old, _ = self._items.popitem(last=False)
+                self._bytes -= len(old)
+
+
+class _ListMemo:
+    """A list channel's last value: its elements, their pieces, and where each is."""
+
+    __slots__ = ("nbytes", "objects", "pieces", "positions", "version")
+
+    def __init__(
+        self,
+        version: Any,
+        objects: list[Any],
+        pieces: list[bytes],
+        nbytes: int | None = None,
+        positions: dict[int, int] | None = None,
+    ) -> None:
+        self.version = version
+        self.objects = objects
+        self.pieces = pieces
+        self.nbytes = sum(map(len, pieces)) if nbytes is None else nbytes
+        #: id(element) -> index (the elements are kept alive, so IDs are unique).
+        self.positions = (
+            {id(o): i for i, o in enumerate(objects)} if positions is None else positions
+        )
+
+    def shared_prefix(self, value: list[Any], dirty: set[int]) -> int:
+        """How many leading elements of `value` are this list's (the same objects),
+        up to the first one a task wrote since."""
+        objects = self.objects
+        limit = min(len(value), len(objects))
+        if limit and all(map(operator.is_, value[:limit], objects[:limit])):
+            keep = limit  # the usual case (appends only), compared at C speed
+        else:
+            pairs = enumerate(zip(value, objects, strict=False))
+            keep = next((i for i, (a, b) in pairs if a is not b), limit)
+        if dirty:
+            changed = [i for i in map(self.positions.get, dirty) if i is not None and i < keep]
+            keep = min(changed, default=keep)
+        return keep
+
+
+class _Encoder:
+    """Serializes checkpoints into the layout, reusing the pieces of earlier puts
+    of the same (thread, namespace, channel): a value whose channel version is
+    the same (LangGraph changes a channel's version whenever its value changes),
+    and the leading elements of a list that are the same objects as before
+    (LangGraph's reducers, `add_messages` included, build a new list and replace
+    elements rather than change them). Elements a task wrote (put_writes) since
+    are serialized again. LRU, bounded in bytes; max_bytes 0: no memory."""
+
+    def __init__(self, serde: SerializerProtocol, max_bytes: int) -> None:
+        self.serde = serde
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._lists: collections.OrderedDict[tuple[str, str, str], _ListMemo] = (
+            collections.OrderedDict()
+        )
+        self._values: collections.OrderedDict[tuple[str, str, str], tuple[Any, bytes]] = (
+            collections.OrderedDict()
+        )
+        self._bytes = 0
+        #: IDs of objects tasks wrote, by (thread, namespace): serialized again.
+        self._written: dict[tuple[str, str], set[int]] = {}
+        #: Called with (piece, object) for each list element serialized.
+        self.on_piece: Callable[[bytes, Any], None] | None = None
+
+    def written(self, scope: tuple[str, str], writes: Sequence[tuple[str, Any]]) -> None:
+        if not self.max_bytes:
+            return
+        ids: set[int] = set()
+        for _, value in writes:
+            ids.add(id(value))
+            if isinstance(value, list | tuple):
+                ids.update(map(id, value))
+        with self._lock:
+            self._written.setdefault(scope, set()).update(ids)
+
+    def encode(
+        self,
+        scope: tuple[str, str],
+        checkpoint: Checkpoint,
+        metadata: Any,
+        parent_checkpoint_id: str | None,
+    ) -> tuple[str, bytes]:
+        """(serde type of the trailer, the state)."""
+        values = checkpoint["channel_values"]
+        versions = checkpoint.get("channel_versions") or {}
+        lists = sorted(k for k, v in values.items() if type(v) is list)
+        others = sorted(k for k in values if type(values[k]) is not list)
+        with self._lock:
+            dirty = self._written.pop(scope, set()) if self.max_bytes else set()
+        parts = [LAYOUT_MAGIC]
+        channels: list[list[Any]] = []
+        for name in lists:
+            pieces = self._list(scope, name, values[name], versions.get(name), dirty)
+            parts += pieces
+            channels.append([name, len(pieces)])
+        for name in others:
+            parts.append(self._value(scope, name, values[name], versions.get(name)))
+            channels.append([name, -1])
+        header = {
+            "checkpoint": {k: v for k, v in checkpoint.items() if k != "channel_values"},
+            "metadata": metadata,
+            "parent_checkpoint_id": parent_checkpoint_id,
+            "channels": channels,
+        }
+        type_, data = self.serde.dumps_typed(header)
+        trailer = encode_piece(type_, data)
+        parts.append(trailer)
+        parts.append(_TRAILER_LEN.pack(len(trailer)))
+        return type_, b"".join(parts)
+
+    def _list(
+        self, scope: tuple[str, str], name: str, value: list[Any], version: Any, dirty: set[int]
+    ) -> list[bytes]:
+        key = (*scope, name)
+        with self._lock:
+            memo = self._lists.get(key) if self.max_bytes else None
+        keep = memo.shared_prefix(value, dirty) if memo is not None else 0
+        pieces = memo.pieces[:keep] if memo is not None else []
+        added = 0
+        for item in value[keep:]:
+            piece = encode_piece(*self.serde.dumps_typed(item))
+            pieces.append(piece)
+            added += len(piece)
+            if self.on_piece is not None:
+                self.on_piece(piece, item)
+        if self.max_bytes:
+            if memo is not None and keep == len(memo.objects):
+                # Appends only: extend what the previous memo knew (it is replaced).
+                positions = memo.positions
+                positions.update((id(o), i) for i, o in enumerate(value[keep:], keep))
+                entry = _ListMemo(version, list(value), pieces, memo.nbytes + added, positions)
+            else:
+                entry = _ListMemo(version, list(value), pieces)
+            self._remember(self._lists, key, entry)
+        return pieces
+
+    def _value(self, scope: tuple[str, str], name: str, value: Any, version: Any) -> bytes:
+        key = (*scope, name)
+        with self._lock:
+            known = self._values.get(key) if self.max_bytes else None
+        if known is not None and version is not None and known[0] == version:
+            return known[1]
+        piece = encode_piece(*self.serde.dumps_typed(value))
+        if self.max_bytes:
+            self._remember(self._values, key, (version, piece))
+        return piece
+
+    def _remember(self, table: Any, key: tuple[str, str, str], entry: Any) -> None:
+        size = entry.nbytes if isinstance(entry, _ListMemo) else len(entry[1])
+        with self._lock:
+            old = table.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes if isinstance(old, _ListMemo) else len(old[1])
+            if size > self.max_bytes:
+                return
+            table[key] = entry
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                biggest = self._lists if self._lists else self._values
+                _, gone = biggest.popitem(last=False)
+                self._bytes -= gone.nbytes if isinstance(gone, _ListMemo) else len(gone[1])
+
+    def seed(
+        self, scope: tuple[str, str], checkpoint: Checkpoint, data: bytes, table: _Table
+    ) -> None:
+        """Remember the pieces of a loaded checkpoint, as `_decode` found them (a
+        resumed thread's next put then serializes only what it adds)."""
+        if not self.max_bytes:
+            return
+        values = checkpoint["channel_values"]
+        versions = checkpoint.get("channel_versions") or {}
+        for name, count, items in table:
+            pieces = [data[p[0] : p[2]] for p in items]
+            if count < 0:
+                self._remember(self._values, (*scope, name), (versions.get(name), pieces[0]))
+            else:
+                memo = _ListMemo(versions.get(name), list(values[name]), pieces)
+                self._remember(self._lists, (*scope, name), memo)
+
+
 def _json_safe(value: Any) -> Any:
     """Metadata as JSON values (for the Struct the daemon filters on)."""
     return json.loads(json.dumps(value, default=str))
@@ -128,6 +477,12 @@ class StratadSaver(BaseCheckpointSaver[str]):
         client / async_client: existing SDK clients to use instead.
         session_prefix: prepended to thread IDs to form session IDs.
         timeout: deadline of each call, in seconds.
+        cache_bytes: memory for serialized channel values and decoded list
+            elements kept to serialize and decode only what changed (each of the
+            two caches at most this many bytes of serialized values); 0: none.
+        layout: "pieces" (the default: see `encode_layout`), or "payload": one
+            serde.dumps_typed of the whole checkpoint, as StratadSaver wrote
+            before, for readers that do not know the layout yet. Both load.
     """
 
     def __init__(
@@ -142,8 +497,17 @@ class StratadSaver(BaseCheckpointSaver[str]):
         async_client: AsyncClient | None = None,
         session_prefix: str = "",
         timeout: float = 30.0,
+        cache_bytes: int = 128 << 20,
+        layout: str = "pieces",
     ) -> None:
         super().__init__(serde=serde)
+        if layout not in ("pieces", "payload"):
+            raise ValueError(f"layout must be 'pieces' or 'payload', not {layout!r}")
+        self.layout = layout
+        self._encoder = _Encoder(self.serde, cache_bytes)
+        self._decoded = _Decoded(cache_bytes)
+        if cache_bytes:
+            self._encoder.on_piece = self._decoded.add
         # Resolved once: every client this saver opens (one per event loop) is the same.
         self.connection = Connection.resolve(address, tenant=tenant, token=token, tls=tls)
         self.address = self.connection.address
@@ -222,9 +586,12 @@ class StratadSaver(BaseCheckpointSaver[str]):
         parent = get_checkpoint_id(config)
         full = dict(get_checkpoint_metadata(config, metadata))
         full.pop("writes", None)
-        type_, data = self.serde.dumps_typed(
-            {"checkpoint": checkpoint, "metadata": full, "parent_checkpoint_id": parent}
-        )
+        if self.layout == "payload":
+            type_, data = self.serde.dumps_typed(
+                {"checkpoint": checkpoint, "metadata": full, "parent_checkpoint_id": parent}
+            )
+        else:
+            type_, data = self._encoder.encode((thread_id, ns), checkpoint, full, parent)
         request = save_request(
             self._session(thread_id),
             b"",
@@ -256,18 +623,26 @@ class StratadSaver(BaseCheckpointSaver[str]):
             include_writes=True,
         )
 
-    def _tuple(self, thread_id: str, loaded: checkpoint_pb2.LoadStateResponse) -> CheckpointTuple:
+    def _tuple(
+        self, thread_id: str, loaded: checkpoint_pb2.LoadStateResponse, *, seed: bool = False
+    ) -> CheckpointTuple:
         meta = loaded.checkpoint
         content_type = meta.content_type or loaded.content_type
+        ns = meta.namespace
         if not content_type.startswith(CONTENT_TYPE_PREFIX):
             raise ValueError(
                 f"checkpoint {meta.checkpoint_id!r} was not saved by StratadSaver "
                 f"(content type {content_type!r})"
             )
-        payload = self.serde.loads_typed((content_type[len(CONTENT_TYPE_PREFIX) :], loaded.data))
+        if is_layout(loaded.data):
+            payload, table = _decode(self.serde, loaded.data, self._decoded)
+            if seed:
+                self._encoder.seed((thread_id, ns), payload["checkpoint"], loaded.data, table)
+        else:  # written by StratadSaver before the layout: one serde.dumps_typed
+            serde_type = content_type[len(CONTENT_TYPE_PREFIX) :]
+            payload = self.serde.loads_typed((serde_type, loaded.data))
         checkpoint: Checkpoint = payload["checkpoint"]
         parent = payload.get("parent_checkpoint_id")
-        ns = meta.namespace
         return CheckpointTuple(
             config={
                 "configurable": {
@@ -359,7 +734,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
             loaded = self.client.call(self.client.checkpoints.LoadState, self._load_request(config))
         except NotFoundError:
             return None
-        return self._tuple(thread_id, loaded)
+        return self._tuple(thread_id, loaded, seed=True)
 
     def list(
         self,
@@ -465,6 +840,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
     ) -> None:
         if not writes:
             return
+        self._encoder.written(_thread_of(config), writes)
         request = self._writes_request(config, writes, task_id, task_path)
         key = request.checkpoint_id
         if self._landed.in_flight(key):
@@ -529,7 +905,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
             loaded = await client.call(client.checkpoints.LoadState, self._load_request(config))
         except NotFoundError:
             return None
-        return self._tuple(thread_id, loaded)
+        return self._tuple(thread_id, loaded, seed=True)
 
     async def alist(
         self,
@@ -648,6 +1024,7 @@ class StratadSaver(BaseCheckpointSaver[str]):
         if not writes:
             return
         client = self._aclient()
+        self._encoder.written(_thread_of(config), writes)
         request = self._writes_request(config, writes, task_id, task_path)
         key = request.checkpoint_id
         if self._landed.in_flight(key):
