@@ -14,6 +14,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -136,6 +137,28 @@ def test_every_relative_link_and_anchor_resolves() -> None:
             elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file):
                 broken.append(f"{page}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def require_tools(runnable: list[Block]) -> None:
+    """Skip a page whose blocks need a toolchain this machine lacks (fail where CI requires it)."""
+    text = "\n".join(block.body for block in runnable)
+    needs = {
+        "node": (
+            "STRATAD_REQUIRE_NODE",
+            any(b.language == "js" for b in runnable)
+            or re.search(r"\b(npm|node) ", text) is not None,
+        ),
+        "grpcurl": ("STRATAD_REQUIRE_GO", "grpcurl " in text),
+    }
+    for tool, (required_by, needed) in needs.items():
+        found = shutil.which(tool, path=tools_path()) is not None
+        if needed and not found:
+            reason = f"{tool} is not installed (grpcurl: make go-tools)"
+            if os.environ.get(required_by, "") not in ("", "0"):
+                pytest.fail(f"{required_by} is set but {reason}", pytrace=False)
+            pytest.skip(reason)
+    if any(b.language == "go" for b in runnable) or re.search(r"\bgo (run|mod|list) ", text):
+        find_go()  # skips, or fails under STRATAD_REQUIRE_GO
 
 
 def tools_path() -> str:
@@ -376,6 +399,7 @@ def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
     runnable = [block for block in blocks(page) if block.runs]
     if not runnable:
         pytest.skip(f"{page} has no block to run")
+    require_tools(runnable)
     run = PageRun(page, tmp_path)
     try:
         for block in runnable:
