@@ -68,11 +68,18 @@ BACKEND = textwrap.dedent(
 )
 
 
+def outside_make() -> dict[str, str]:
+    """The environment without a parent make's flags (under `make test`, MAKEFLAGS
+    would make the child print "Entering/Leaving directory" lines)."""
+    return {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+
+
 def recipe(target: str) -> str:
     """What ``make TARGET`` would run when the venv is out of date (nothing is run)."""
     result = subprocess.run(
         ["make", "-f", str(MAKEFILE), "--dry-run", "-W", "pyproject.toml", target],
         cwd=ROOT,
+        env=outside_make(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -129,7 +136,7 @@ def make_dev(project: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["make", "-f", str(MAKEFILE), f"PYTHON={sys.executable}", f"VENV={venv}", "dev"],
         cwd=project,
-        env={**os.environ, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", **env},
+        env={**outside_make(), "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", **env},
         capture_output=True,
         text=True,
         timeout=300,
