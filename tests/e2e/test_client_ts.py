@@ -13,9 +13,7 @@ then it fails.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from node_toolchain import install, node_env
 from pki import Pki
 
 import stratad
@@ -35,23 +34,8 @@ DEPS_SCRIPT = ROOT / "scripts" / "ts-client-deps.sh"
 @pytest.fixture(scope="module")
 def ts_package() -> Path:
     """clients/ts installed (npm ci when stale) and built."""
-    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
-    if missing:
-        message = f"{' and '.join(missing)} not installed (Node.js >= 20 is needed)"
-        if os.environ.get("STRATAD_REQUIRE_NODE"):
-            pytest.fail(message + "; STRATAD_REQUIRE_NODE is set")
-        pytest.skip(message)
-    result = subprocess.run(
-        [str(DEPS_SCRIPT)], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    install(DEPS_SCRIPT)
     return PACKAGE
-
-
-def node_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without STRATAD_* (no stray daemon settings), plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAD_")}
-    return {**env, **extra}
 
 
 def npm(package: Path, *args: str, env: dict[str, str], timeout: float = 300) -> str:

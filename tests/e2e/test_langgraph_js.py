@@ -20,8 +20,6 @@ then it fails.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -32,6 +30,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
+from node_toolchain import install, node_env
 
 import stratad
 from stratad.integrations.langgraph import StratadSaver, stratad_checkpoint_id
@@ -50,23 +49,8 @@ VALIDATION_SUITES = {"put", "putWrites", "getTuple", "list", "deleteThread"} | {
 @pytest.fixture(scope="module")
 def lg_package() -> Path:
     """clients/langgraph-js and examples/langgraphjs installed (npm ci when stale) and built."""
-    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
-    if missing:
-        message = f"{' and '.join(missing)} not installed (Node.js >= 20 is needed)"
-        if os.environ.get("STRATAD_REQUIRE_NODE"):
-            pytest.fail(message + "; STRATAD_REQUIRE_NODE is set")
-        pytest.skip(message)
-    result = subprocess.run(
-        [str(DEPS_SCRIPT)], capture_output=True, text=True, timeout=900, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    install(DEPS_SCRIPT, timeout=900)
     return PACKAGE
-
-
-def node_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without STRATAD_* (no stray daemon settings), plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAD_")}
-    return {**env, **extra}
 
 
 def run(

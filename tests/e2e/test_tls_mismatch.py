@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any
 
 import pytest
 from go_toolchain import find_go
+from node_toolchain import install, node_env
 from pki import Pki
 
 import stratad
@@ -280,21 +280,8 @@ def test_go_client_names_the_fix(daemons: Daemons) -> None:
 
 
 def test_ts_client_names_the_fix(daemons: Daemons) -> None:
-    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
-    if missing:
-        message = f"{' and '.join(missing)} not installed (Node.js >= 20 is needed)"
-        if os.environ.get("STRATAD_REQUIRE_NODE"):
-            pytest.fail(message + "; STRATAD_REQUIRE_NODE is set")
-        pytest.skip(message)
-    deps = subprocess.run(
-        [str(ROOT / "scripts" / "ts-client-deps.sh")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert deps.returncode == 0, deps.stdout + deps.stderr
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAD_")}
+    install(ROOT / "scripts" / "ts-client-deps.sh")
+    env = node_env()
     env.update(
         STRATAD_TEST_ADDRESS=daemons.plain,
         STRATAD_TEST_AUTH_ADDRESS=daemons.tls,
