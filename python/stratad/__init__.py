@@ -6,13 +6,9 @@ errors are the classes of `stratad.errors`.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("stratad")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0+unknown"
+from stratad.version import __version__
 
 if TYPE_CHECKING:
     from stratad.sdk.client import AsyncClient, Client

@@ -35,7 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-if TYPE_CHECKING:  # only for annotations: importing these is what `install` does
+from stratad.version import __version__
+
+if TYPE_CHECKING:  # only for annotations: importing these is what `activate` does
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import SpanContext, Tracer
 
@@ -193,8 +195,6 @@ def provider_from_config(config: Config) -> TracerProvider | None:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    from stratad import __version__
-
     service = (
         config.trace_service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
     )
@@ -244,19 +244,17 @@ def _require_extra(mode: str) -> None:
             raise ConfigError(f"tracing = {mode!r} needs {module}: {EXTRA_HINT}")
 
 
-def install(provider: TracerProvider) -> Any:
-    """Trace with ``provider`` from now on; return the gRPC server interceptor to install.
+def activate(provider: TracerProvider) -> Tracer:
+    """Trace with ``provider`` from now on and return its tracer.
 
     Process-wide (the store's hooks are module functions): a second server
-    in the same process shares it. Undo with `uninstall`.
+    in the same process shares it. Undo with `uninstall`. The daemon calls
+    it through `stratad.server.tracing.install`, which adds the gRPC
+    server interceptor (kept there so this module never imports the server).
     """
     global _tracer
-    from stratad import __version__
-    from stratad.server.tracing import TracingInterceptor
-
     _tracer = provider.get_tracer(INSTRUMENTATION_NAME, __version__)
-    # Probes call Health every few seconds: a trace each would drown the real ones.
-    return TracingInterceptor(_tracer, UNTRACED_SERVICES)
+    return _tracer
 
 
 def shutdown(provider: TracerProvider) -> None:
@@ -332,6 +330,7 @@ __all__ = [
     "REQUEST_ID_ATTRIBUTE",
     "SESSION_ATTRIBUTE",
     "TENANT_ATTRIBUTE",
+    "activate",
     "active",
     "aio_client_interceptors",
     "annotate",
@@ -340,7 +339,6 @@ __all__ = [
     "current_ids",
     "current_span_context",
     "in_current_context",
-    "install",
     "provider_from_config",
     "shutdown",
     "span",

@@ -6,13 +6,17 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stratad import tracing
-from stratad.domain.models import Checkpoint
+from stratad.domain.models import Checkpoint, roots
 from stratad.domain.sessions import LiveSession, SessionManager
 from stratad.errors import DataLossError
 from stratad.store import manifest
-from stratad.store.tenant import ROOT_EMPTY, ROOT_MANIFEST, TenantStore
+from stratad.store.tenant import ROOT_MANIFEST, TenantStore
+
+if TYPE_CHECKING:
+    from stratad.domain.replication import Replicator
 
 log = logging.getLogger(__name__)
 
@@ -75,19 +79,12 @@ class StoreStats:
         return self.unique_bytes / objects if objects else 1.0
 
 
-def roots(cp: Checkpoint) -> list[tuple[str, str]]:
-    """The root objects a checkpoint holds: its state's and its structured state's."""
-    found = [(cp.root, cp.root_kind)] if cp.root_kind != ROOT_EMPTY and cp.root else []
-    ref = cp.structured
-    if ref and ref.get("root"):
-        found.append((ref["root"], ref["root_kind"]))
-    return found
-
-
 class Admin:
     def __init__(self, sessions: SessionManager) -> None:
         self.sessions = sessions
         self.store = sessions.store
+        #: Set by the engine when sessions replicate to object storage.
+        self.replicator: Replicator | None = None
 
     def _tenants(self, tenant: str) -> list[TenantStore]:
         if tenant:  # an unknown tenant has nothing to collect, verify or count
@@ -120,7 +117,7 @@ class Admin:
         return report
 
     def _collect_remote(self, tenant: str, report: GcReport) -> None:
-        replicator = self.sessions.replicator
+        replicator = self.replicator
         if replicator is None:
             return
         remote = replicator.collect_remote(tenant)
@@ -208,7 +205,7 @@ class Admin:
         return report
 
     def _verify_remote(self, tenant: str, report: VerifyReport) -> None:
-        replicator = self.sessions.replicator
+        replicator = self.replicator
         if replicator is None:
             return
         remote = replicator.verify_remote(tenant)

@@ -88,7 +88,7 @@ class Engine:
             self.sessions, remote, mode=mode, node_id=node_id, lag=lag, lease=lease,
             gc_grace=gc_grace,
         )  # fmt: skip
-        self.sessions.replicator = self.replicator
+        self.sessions.replicator = self.admin.replicator = self.replicator
         self.store.on_new_object(self.replicator.object_added)
         if self.store.keyring is not None:  # encryption at rest: packs sealed, keys shared
             store = self.store

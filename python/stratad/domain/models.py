@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stratad.errors import DataLossError
+from stratad.store.tenant import ROOT_EMPTY
 
 
 class SessionStatus(enum.StrEnum):
@@ -314,3 +315,12 @@ def _apply_delete_checkpoint(state: SessionState, body: dict[str, Any]) -> None:
     state.checkpoints.pop(body["checkpoint_id"], None)
     if state.head == body["checkpoint_id"]:
         state.head = body.get("new_head", "")
+
+
+def roots(cp: Checkpoint) -> list[tuple[str, str]]:
+    """The root objects a checkpoint holds: its state's and its structured state's."""
+    found = [(cp.root, cp.root_kind)] if cp.root_kind != ROOT_EMPTY and cp.root else []
+    ref = cp.structured
+    if ref and ref.get("root"):
+        found.append((ref["root"], ref["root_kind"]))
+    return found

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stratad import native, tracing
-from stratad.domain.admin import roots
 from stratad.domain.library_replication import parse_segment
-from stratad.domain.models import SessionState, apply
+from stratad.domain.models import SessionState, apply, roots
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
 from stratad.store import journal as journal_mod
 from stratad.store import manifest

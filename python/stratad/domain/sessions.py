@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stratad import native, tracing
 from stratad.domain.events import EventHub, SessionEvent
@@ -47,7 +47,7 @@ from stratad.store.store import Store
 from stratad.store.tenant import TenantStore
 
 if TYPE_CHECKING:
-    from stratad.domain.replication import Replicator
+    from stratad.store.remote import RemoteTier
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,24 @@ class PendingCommit:
 Commit = list[PendingCommit]
 
 
+class SessionReplication(Protocol):
+    """What sessions ask of replication (domain/replication.py's `Replicator`).
+
+    A protocol, not an import: replication builds on sessions, so sessions
+    name only the calls they make and the import points one way.
+    """
+
+    remote: RemoteTier
+
+    def fresh(self, live: LiveSession) -> bool: ...
+    def hydrate(self, tenant: str, session_id: str) -> bool: ...
+    def session_created(self, live: LiveSession) -> None: ...
+    def ensure_writable(self, live: LiveSession) -> None: ...
+    def session_deleted(self, live: LiveSession) -> None: ...
+    def replicate(self, keys: Iterable[tuple[str, str]]) -> None: ...
+    def compacted(self, live: LiveSession) -> None: ...
+
+
 class SessionManager:
     def __init__(
         self,
@@ -219,7 +237,7 @@ class SessionManager:
         #: (server/app.py); in-process users have no loop.
         self.loop_barrier: Callable[[], None] = lambda: None
         #: Set by the engine when sessions replicate to object storage.
-        self.replicator: Replicator | None = None
+        self.replicator: SessionReplication | None = None
 
     # -- recovery --------------------------------------------------------------
 

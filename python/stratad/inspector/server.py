@@ -48,7 +48,7 @@ from stratad.inspector.reader import Reader
 from stratad.server.auth import IdentitiesFile, Identity, audit_log, token_digest
 
 if TYPE_CHECKING:
-    from stratad.server.registry import Resources
+    from stratad.server.resources import Resources
 
 _log = logging.getLogger(__name__)
 

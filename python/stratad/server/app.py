@@ -175,7 +175,7 @@ async def start_server(
     provider = tracer_provider or own_provider
     # Tracing before everything: the SERVER span covers the whole call, and
     # everything after it logs and records errors with the span current.
-    traced = [tracing.install(provider)] if provider is not None else []
+    traced = [_tracing_interceptor(provider)] if provider is not None else []
     try:
         server = await _start(resources, services, traced)
     except BaseException:
@@ -183,6 +183,13 @@ async def start_server(
         raise
     server.on_stop(lambda: _stop_tracing(bool(traced), own_provider))
     return server
+
+
+def _tracing_interceptor(provider: Any) -> Any:
+    # Imported only when tracing is on: it needs the otel extra.
+    from stratad.server.tracing import install
+
+    return install(provider)
 
 
 def _stop_tracing(installed: bool, own_provider: Any) -> None:

@@ -29,6 +29,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from stratad import tracing
 from stratad.server.front import peer_of
 from stratad.server.interceptors import _final_code as final_code
 
@@ -43,6 +44,15 @@ SERVER_ERRORS = frozenset(
 _CODE_NUMBERS: Mapping[str, int] = {c.name: c.value[0] for c in grpc.StatusCode}
 #: How a call that did not complete ended: not exceptions of the server's.
 _NOT_FAULTS = (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit)
+
+
+def install(provider: Any) -> TracingInterceptor:
+    """Trace with ``provider`` (an OpenTelemetry SDK TracerProvider) from now
+    on; return the gRPC server interceptor to install. Undo with
+    `stratad.tracing.uninstall`."""
+    tracer = tracing.activate(provider)
+    # Probes call Health every few seconds: a trace each would drown the real ones.
+    return TracingInterceptor(tracer, tracing.UNTRACED_SERVICES)
 
 
 class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

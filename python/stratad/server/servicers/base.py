@@ -20,7 +20,7 @@ from stratad.server.auth import (
 )
 
 if TYPE_CHECKING:
-    from stratad.server.registry import Resources
+    from stratad.server.resources import Resources
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
