@@ -6,7 +6,8 @@ choices of those that have them) is read from the argparse parser now and
 written into the script, so completing never runs Python (no start-up delay
 at every Tab) and the script cannot drift from the parser it was made from.
 Completion therefore knows commands and options, not the daemon's session
-or checkpoint IDs.
+or checkpoint IDs. The parser comes from `stratad.cli_parser` (which the
+``stratad`` command parses with too), never from `stratad.cli`.
 
 Each script finds the command path typed so far (``ctl sessions``), skipping
 options and their values wherever they appear (the global options are
@@ -20,7 +21,8 @@ import argparse
 import shlex
 from dataclasses import dataclass, field
 
-from stratad.ctl import SHELLS
+from stratad.cli_parser import build_parser
+from stratad.ctl.parser import SHELLS
 
 
 @dataclass
@@ -53,7 +55,7 @@ def _walk(
     inherited: dict[str, str] | None = None,
 ) -> None:
     """``inherited``: the help of the options above ``parser``, for the global
-    options a subcommand repeats with their help suppressed (ctl/__init__.py)."""
+    options a subcommand repeats with their help suppressed (ctl/parser.py)."""
     inherited = inherited or {}
     node = Node(path)
     nodes.append(node)
@@ -80,11 +82,7 @@ def _walk(
 
 def completion_script(shell: str, parser: argparse.ArgumentParser | None = None) -> str:
     """The completion script for ``shell`` (bash, zsh or fish)."""
-    if parser is None:
-        from stratad.cli import build_parser  # here: stratad.cli imports this package
-
-        parser = build_parser()
-    nodes = command_tree(parser)
+    nodes = command_tree(parser or build_parser())
     writers = {"bash": _bash, "zsh": _zsh, "fish": _fish}
     if shell not in writers:
         raise ValueError(f"no completion for {shell!r}: one of {', '.join(SHELLS)}")

@@ -43,14 +43,9 @@ from stratad.api.v1 import checkpoint_pb2, cognitive_pb2, session_pb2
 from stratad.domain.ids import validate_id
 from stratad.errors import InvalidArgumentError, ResourceExhaustedError, StratadError
 from stratad.mcp.daemon import DaemonLink, Identity, log
-from stratad.mcp.tools import (
-    Limits,
-    check_state_size,
-    cognitive_state,
-    decode_state,
-    error_entry,
-    list_checkpoints,
-)
+from stratad.mcp.tools.base import Limits
+from stratad.mcp.tools.checkpoints import list_checkpoints
+from stratad.mcp.tools.convert import check_state_size, cognitive_state, decode_state, error_entry
 
 PREFIX = "stratad://sessions/"
 #: How many checkpoints the checkpoint-list resource shows (newest first).
