@@ -29,12 +29,12 @@ from stratad.ctl.decode import decode_langgraph
 from stratad.integrations.langgraph import (
     LAYOUT_MAGIC,
     StratadSaver,
-    _decode,
-    _Encoder,
     decode_layout,
     encode_layout,
     session_id_of,
 )
+from stratad.integrations.langgraph.encoder import _Encoder
+from stratad.integrations.langgraph.layout import _decode
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -31,7 +31,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 
 from stratad import native
 
-#: The retry policy of `channel_options` (sdk/client.py), for the native path.
+#: The retry policy of `channel_options` (sdk/rpc.py), for the native path.
 MAX_ATTEMPTS = 5
 INITIAL_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
