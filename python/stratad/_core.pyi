@@ -39,7 +39,6 @@ __all__ = [
     "prepare_chunks",
     "tokenize",
     "top_k",
-    "train_dictionary",
     "verify_frame",
     "with_delta_depth",
 ]
@@ -80,14 +79,11 @@ def chunk_boundaries(
 ) -> list[tuple[int, int]]:
     """FastCDC 2020 cut points of `data` as (offset, length) pairs."""
 
-def compress(data: bytes, level: int = 3, dictionary: bytes | None = None) -> bytes:
-    """One zstd frame of `data` (content size recorded), optionally with a dictionary."""
+def compress(data: bytes, level: int = 3) -> bytes:
+    """One zstd frame of `data` (content size recorded)."""
 
-def decompress(data: bytes, max_size: int, dictionary: bytes | None = None) -> bytes:
+def decompress(data: bytes, max_size: int) -> bytes:
     """Decompress one zstd frame, producing at most `max_size` bytes."""
-
-def train_dictionary(samples: Sequence[bytes], max_size: int) -> bytes:
-    """Train a zstd dictionary of at most `max_size` bytes."""
 
 def encode_frame(data: bytes, level: int = 3) -> bytes:
     """The object frame of `data` (zstd, or raw when zstd is not smaller)."""

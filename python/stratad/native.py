@@ -45,7 +45,6 @@ from stratad._core import (
     prepare_chunks,
     tokenize,
     top_k,
-    train_dictionary,
     verify_frame,
     with_delta_depth,
 )
@@ -84,7 +83,6 @@ __all__ = [
     "prepare_chunks",
     "tokenize",
     "top_k",
-    "train_dictionary",
     "verify_frame",
     "with_delta_depth",
 ]

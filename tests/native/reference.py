@@ -199,12 +199,6 @@ ZSTD_MAX_LEVEL = 22
 _FEED = 4096
 
 
-def _zdict(dictionary: bytes | None) -> zstandard.ZstdCompressionDict | None:
-    # DICT_TYPE_AUTO, like ZSTD_CCtx_loadDictionary: a trained dictionary is
-    # recognised by its magic number, anything else is raw content.
-    return None if dictionary is None else zstandard.ZstdCompressionDict(dictionary)
-
-
 def check_level(level: int) -> None:
     if not ZSTD_MIN_LEVEL <= level <= ZSTD_MAX_LEVEL:
         raise InvalidArgumentError(
@@ -212,16 +206,13 @@ def check_level(level: int) -> None:
         )
 
 
-def compress(data: bytes, level: int = 3, dictionary: bytes | None = None) -> bytes:
+def compress(data: bytes, level: int = 3) -> bytes:
     """One zstd frame with its content size recorded."""
     check_level(level)
-    cctx = zstandard.ZstdCompressor(
-        level=level, dict_data=_zdict(dictionary), write_content_size=True
-    )
-    return cctx.compress(data)
+    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
 
 
-def decompress(data: bytes, max_size: int, dictionary: bytes | None = None) -> bytes:
+def decompress(data: bytes, max_size: int) -> bytes:
     """Decompress one zstd frame, refusing to produce more than max_size bytes."""
     if max_size < 0:
         raise InvalidArgumentError("max_size must be >= 0")
@@ -231,7 +222,7 @@ def decompress(data: bytes, max_size: int, dictionary: bytes | None = None) -> b
         raise CorruptObjectError(f"not a zstd frame: {exc}") from exc
     if declared > max_size:  # -1 when the frame does not record its size
         raise DecompressionLimitError(f"frame declares {declared} bytes > {max_size}")
-    dobj = zstandard.ZstdDecompressor(dict_data=_zdict(dictionary)).decompressobj()
+    dobj = zstandard.ZstdDecompressor().decompressobj()
     out = bytearray()
     try:
         for pos in range(0, len(data), _FEED):
@@ -243,11 +234,6 @@ def decompress(data: bytes, max_size: int, dictionary: bytes | None = None) -> b
     if not dobj.eof or dobj.unused_data:
         raise CorruptObjectError("truncated zstd frame or trailing data")
     return bytes(out)
-
-
-def train_dictionary(samples: list[bytes], max_size: int) -> bytes:
-    """A zstd dictionary trained on samples (bytes differ from the Rust trainer's)."""
-    return zstandard.train_dictionary(max_size, samples).as_bytes()
 
 
 # --------------------------------------------------------------------------

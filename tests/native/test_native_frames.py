@@ -75,33 +75,6 @@ def test_decompress_malformed(data: bytes, draw: st.DataObject) -> None:
         native.decompress(garbage, 1 << 20)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.binary(min_size=1, max_size=2000), small_payloads, levels)
-def test_raw_dictionary(dictionary: bytes, data: bytes, level: int) -> None:
-    packed = native.compress(data, level, dictionary)
-    assert native.decompress(packed, len(data), dictionary) == data
-    assert ref.decompress(packed, len(data), dictionary) == data
-    theirs = ref.compress(data, level, dictionary)
-    assert native.decompress(theirs, len(data), dictionary) == data
-
-
-def test_trained_dictionary() -> None:
-    samples = [
-        f'{{"id":{i},"name":"user{i % 37}","tags":["a{i % 5}","b{i % 7}"],"ok":{str(i % 2 == 0).lower()}}}'.encode()  # noqa: E501
-        for i in range(2000)
-    ]
-    dictionary = native.train_dictionary(samples, 4096)
-    assert 0 < len(dictionary) <= 4096
-    for data in samples[:50]:
-        packed = native.compress(data, 3, dictionary)
-        assert native.decompress(packed, len(data), dictionary) == data
-        assert ref.decompress(packed, len(data), dictionary) == data
-        assert native.decompress(ref.compress(data, 3, dictionary), len(data), dictionary) == data
-    plain = sum(len(native.compress(s)) for s in samples[:200])
-    with_dict = sum(len(native.compress(s, 3, dictionary)) for s in samples[:200])
-    assert with_dict < plain
-
-
 @pytest.mark.parametrize("level", [23, 100, ref.ZSTD_MIN_LEVEL - 1, -(1 << 31)])
 def test_bad_level(level: int) -> None:
     with pytest.raises(InvalidArgumentError):

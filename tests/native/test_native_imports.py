@@ -20,11 +20,11 @@ _IMPORTS_CORE = re.compile(
 )
 
 CONTRACT_NAMES = [
-    "digest", "digest_hex", "chunk_boundaries", "compress", "decompress", "train_dictionary",
-    "encode_frame", "decode_frame", "verify_frame", "frame_digest_hex", "prepare_chunks",
-    "PreparedChunk", "tokenize", "jaccard", "JaccardIndex", "top_k", "generalize_goal",
-    "detect_entity_types", "DEFAULT_MIN_CHUNK", "DEFAULT_AVG_CHUNK", "DEFAULT_MAX_CHUNK",
-    "FRAME_HEADER_SIZE", "FORMAT_VERSION",
+    "digest", "digest_hex", "chunk_boundaries", "compress", "decompress", "encode_frame",
+    "decode_frame", "verify_frame", "frame_digest_hex", "prepare_chunks", "PreparedChunk",
+    "tokenize", "jaccard", "JaccardIndex", "top_k", "generalize_goal", "detect_entity_types",
+    "DEFAULT_MIN_CHUNK", "DEFAULT_AVG_CHUNK", "DEFAULT_MAX_CHUNK", "FRAME_HEADER_SIZE",
+    "FORMAT_VERSION",
 ]  # fmt: skip
 
 

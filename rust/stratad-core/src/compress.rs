@@ -117,11 +117,7 @@ pub(crate) fn buffer_with_capacity(capacity: usize, limit: u64) -> Result<Vec<u8
 }
 
 /// Compresses `data` into one zstd frame that records its content size.
-///
-/// `dictionary`, when given and not empty, is loaded as zstd does by default:
-/// a trained (zdict) dictionary if it starts with the dictionary magic,
-/// otherwise raw content.
-pub fn compress(data: &[u8], level: i32, dictionary: Option<&[u8]>) -> Result<Vec<u8>> {
+pub fn compress(data: &[u8], level: i32) -> Result<Vec<u8>> {
     validate_level(level)?;
     with_cctx(|cctx| {
         let set = |cctx: &mut CCtx<'static>, param: CParameter| {
@@ -131,12 +127,6 @@ pub fn compress(data: &[u8], level: i32, dictionary: Option<&[u8]>) -> Result<Ve
         };
         set(cctx, CParameter::CompressionLevel(level))?;
         set(cctx, CParameter::ContentSizeFlag(true))?;
-        if let Some(dict) = dictionary.filter(|d| !d.is_empty()) {
-            // Copied into the context; the reset of its next use drops it.
-            cctx.load_dictionary(dict).map_err(|code| {
-                Error::invalid(format!("unusable dictionary: {}", zstd_error_name(code)))
-            })?;
-        }
         let bound = zstd_safe::compress_bound(data.len());
         let mut out = buffer_with_capacity(bound, bound as u64)?;
         cctx.compress2(&mut out, data)
@@ -151,9 +141,8 @@ pub fn compress(data: &[u8], level: i32, dictionary: Option<&[u8]>) -> Result<Ve
 /// Errors: `TooLarge` when the output would exceed `max_size` (checked
 /// against the frame's declared content size before any work, and enforced
 /// while decoding frames that declare none); `Corrupt` for anything that is
-/// not exactly one valid zstd frame, including a wrong or missing dictionary.
-pub fn decompress(data: &[u8], max_size: u64, dictionary: Option<&[u8]>) -> Result<Vec<u8>> {
-    let dictionary = dictionary.filter(|d| !d.is_empty());
+/// not exactly one valid zstd frame.
+pub fn decompress(data: &[u8], max_size: u64) -> Result<Vec<u8>> {
     // The declared size is checked first: it needs only the frame header.
     let declared = zstd_safe::get_frame_content_size(data)
         .map_err(|_| Error::corrupt("not a zstd frame (bad or truncated header)"))?;
@@ -171,9 +160,9 @@ pub fn decompress(data: &[u8], max_size: u64, dictionary: Option<&[u8]>) -> Resu
     match declared {
         Some(size) => {
             let size = usize::try_from(size).map_err(|_| Error::TooLarge { limit: max_size })?;
-            decompress_exact(data, size, dictionary, max_size)
+            decompress_exact(data, size, None, max_size)
         }
-        None => decompress_streaming(data, max_size, dictionary),
+        None => decompress_streaming(data, max_size),
     }
 }
 
@@ -203,8 +192,8 @@ pub(crate) fn decompress_exact(
 
 /// Streaming decoding of a frame without a declared size: the output grows
 /// as needed and decoding stops as soon as it passes `max_size`.
-fn decompress_streaming(data: &[u8], max_size: u64, dictionary: Option<&[u8]>) -> Result<Vec<u8>> {
-    let decoder = zstd::stream::read::Decoder::with_dictionary(data, dictionary.unwrap_or(&[]))
+fn decompress_streaming(data: &[u8], max_size: u64) -> Result<Vec<u8>> {
+    let decoder = zstd::stream::read::Decoder::with_buffer(data)
         .map_err(|e| Error::corrupt(format!("zstd: {e}")))?
         .single_frame();
     let mut out = Vec::new();
@@ -219,22 +208,6 @@ fn decompress_streaming(data: &[u8], max_size: u64, dictionary: Option<&[u8]>) -
         return Err(Error::TooLarge { limit: max_size });
     }
     Ok(out)
-}
-
-/// Trains a zstd dictionary of at most `max_size` bytes on `samples`.
-///
-/// zdict needs a fair amount of sample data (roughly 100 times the
-/// dictionary size is recommended); when it cannot build a dictionary the
-/// error is `InvalidInput`.
-pub fn train_dictionary<S: AsRef<[u8]>>(samples: &[S], max_size: usize) -> Result<Vec<u8>> {
-    if samples.is_empty() {
-        return Err(Error::invalid("train_dictionary needs at least one sample"));
-    }
-    if u32::try_from(samples.len()).is_err() {
-        return Err(Error::invalid("too many samples"));
-    }
-    zstd::dict::from_samples(samples, max_size)
-        .map_err(|e| Error::invalid(format!("cannot train a dictionary: {e}")))
 }
 
 #[cfg(test)]
@@ -254,15 +227,12 @@ mod tests {
     fn round_trip() {
         for len in [0, 1, 100, 10_000, 1 << 20] {
             let data = text(len);
-            let packed = compress(&data, 3, None).expect("compress");
+            let packed = compress(&data, 3).expect("compress");
             assert_eq!(
                 zstd_safe::get_frame_content_size(&packed).ok(),
                 Some(Some(len as u64))
             );
-            assert_eq!(
-                decompress(&packed, len as u64, None).expect("decompress"),
-                data
-            );
+            assert_eq!(decompress(&packed, len as u64).expect("decompress"), data);
         }
     }
 
@@ -270,12 +240,12 @@ mod tests {
     fn all_levels_in_range_work_and_others_are_refused() {
         let data = text(5000);
         for level in [-5, 0, 1, 3, 19, 22] {
-            let packed = compress(&data, level, None).expect("valid level");
-            assert_eq!(decompress(&packed, 5000, None).expect("decompress"), data);
+            let packed = compress(&data, level).expect("valid level");
+            assert_eq!(decompress(&packed, 5000).expect("decompress"), data);
         }
         for level in [23, 100, i32::MIN, i32::MAX] {
             assert!(matches!(
-                compress(&data, level, None),
+                compress(&data, level),
                 Err(Error::InvalidInput(_))
             ));
         }
@@ -284,12 +254,12 @@ mod tests {
     #[test]
     fn declared_size_above_limit_is_refused() {
         let data = text(10_000);
-        let packed = compress(&data, 3, None).expect("compress");
+        let packed = compress(&data, 3).expect("compress");
         assert_eq!(
-            decompress(&packed, 9_999, None),
+            decompress(&packed, 9_999),
             Err(Error::TooLarge { limit: 9_999 })
         );
-        assert_eq!(decompress(&packed, 10_000, None).expect("fits"), data);
+        assert_eq!(decompress(&packed, 10_000).expect("fits"), data);
     }
 
     /// A frame that does not record its size (as streaming compressors
@@ -309,16 +279,16 @@ mod tests {
         assert!(bomb.len() < 64 * 1024, "{}", bomb.len());
         assert_eq!(zstd_safe::get_frame_content_size(&bomb).ok(), Some(None));
         assert_eq!(
-            decompress(&bomb, 1 << 20, None),
+            decompress(&bomb, 1 << 20),
             Err(Error::TooLarge { limit: 1 << 20 })
         );
         assert_eq!(
-            decompress(&bomb, (64 << 20) - 1, None),
+            decompress(&bomb, (64 << 20) - 1),
             Err(Error::TooLarge {
                 limit: (64 << 20) - 1
             })
         );
-        let out = decompress(&bomb, 64 << 20, None).expect("exactly at the limit");
+        let out = decompress(&bomb, 64 << 20).expect("exactly at the limit");
         assert_eq!(out.len(), 64 << 20);
     }
 
@@ -328,7 +298,7 @@ mod tests {
         let mut frame = vec![0x28, 0xB5, 0x2F, 0xFD, 0xE0];
         frame.extend_from_slice(&(1u64 << 62).to_le_bytes());
         frame.extend_from_slice(&[0x01, 0x00, 0x00]); // last, raw, empty block
-        let result = decompress(&frame, u64::MAX, None);
+        let result = decompress(&frame, u64::MAX);
         assert!(
             matches!(result, Err(Error::TooLarge { .. }) | Err(Error::Corrupt(_))),
             "{result:?}"
@@ -337,7 +307,7 @@ mod tests {
 
     #[test]
     fn malformed_input_is_corrupt() {
-        let packed = compress(&text(5000), 3, None).expect("compress");
+        let packed = compress(&text(5000), 3).expect("compress");
         let cases: Vec<Vec<u8>> = vec![
             vec![],
             b"not zstd at all".to_vec(),
@@ -347,67 +317,12 @@ mod tests {
             [packed.clone(), packed.clone()].concat(),
         ];
         for case in cases {
-            let result = decompress(&case, 1 << 20, None);
+            let result = decompress(&case, 1 << 20);
             assert!(matches!(result, Err(Error::Corrupt(_))), "{result:?}");
         }
         let mut flipped = packed.clone();
         let last = flipped.len() - 1;
         flipped[last] ^= 0xFF;
-        assert!(decompress(&flipped, 1 << 20, None).is_err());
-    }
-
-    #[test]
-    fn dictionaries() {
-        let samples: Vec<Vec<u8>> = (0..400)
-            .map(|i| {
-                format!(
-                    "{{\"role\":\"user\",\"content\":\"message number {i} about quarterly revenue {}\"}}",
-                    i * 7919 % 1000
-                )
-                .into_bytes()
-            })
-            .collect();
-        let dict = train_dictionary(&samples, 4096).expect("train");
-        assert!(!dict.is_empty() && dict.len() <= 4096);
-        let data =
-            b"{\"role\":\"user\",\"content\":\"message number 12345 about quarterly revenue 77\"}";
-        let with = compress(data, 3, Some(&dict)).expect("compress with dict");
-        let without = compress(data, 3, None).expect("compress");
-        assert!(with.len() < without.len());
-        assert_eq!(
-            decompress(&with, 1000, Some(&dict)).expect("decompress"),
-            data.to_vec()
-        );
-        assert!(matches!(
-            decompress(&with, 1000, None),
-            Err(Error::Corrupt(_))
-        ));
-        // An empty dictionary is no dictionary.
-        let plain = compress(data, 3, Some(b"")).expect("compress");
-        assert_eq!(
-            decompress(&plain, 1000, Some(b"")).expect("ok"),
-            data.to_vec()
-        );
-        // A raw-content dictionary works too.
-        let raw_dict = b"quarterly revenue message number about role user content";
-        let packed = compress(data, 3, Some(raw_dict)).expect("compress raw dict");
-        assert_eq!(
-            decompress(&packed, 1000, Some(raw_dict)).expect("decompress"),
-            data.to_vec()
-        );
-    }
-
-    #[test]
-    fn training_failures_are_invalid_input() {
-        let none: Vec<Vec<u8>> = vec![];
-        assert!(matches!(
-            train_dictionary(&none, 4096),
-            Err(Error::InvalidInput(_))
-        ));
-        let tiny = vec![b"a".to_vec(), b"b".to_vec()];
-        assert!(matches!(
-            train_dictionary(&tiny, 4096),
-            Err(Error::InvalidInput(_))
-        ));
+        assert!(decompress(&flipped, 1 << 20).is_err());
     }
 }

@@ -37,12 +37,6 @@ pub const MAX_DELTA_DEPTH: u8 = 16;
 /// Bytes of the delta payload before its zstd frame (base digest + depth).
 pub const DELTA_PREFIX_SIZE: usize = DIGEST_SIZE + 1;
 
-/// The error for a delta frame given to a decoder that has no base: to it,
-/// the frame is undecodable (`Corrupt`), as an unknown codec would be.
-pub(crate) fn needs_base() -> Error {
-    Error::corrupt("a delta frame cannot be decoded without its base (decode_delta_frame)")
-}
-
 /// Frames `data` as a delta on `base` (whose own delta depth is `base_depth`)
 /// when that is smaller than framing it alone; otherwise the plain frame.
 ///

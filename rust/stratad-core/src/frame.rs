@@ -25,7 +25,7 @@ pub const FRAME_HEADER_SIZE: usize = 52;
 pub const CODEC_RAW: u8 = 0;
 /// Codec byte: the payload is one zstd frame.
 pub const CODEC_ZSTD: u8 = 1;
-/// Codec byte: the payload is a delta on a base object (see `crate::delta`).
+/// Codec byte: the payload is a delta on a base object (see `delta.rs`).
 pub const CODEC_ZSTD_DELTA: u8 = 2;
 const CHECKED_LEN: usize = 48;
 const CHECK_SIZE: usize = 4;
@@ -149,6 +149,13 @@ pub fn encode_frame(data: &[u8], level: i32) -> Result<Vec<u8>> {
     FrameEncoder::new(level)?.encode(data)
 }
 
+/// The error for a delta frame (or any other codec) given to a decoder that
+/// has no base: to it, the frame is undecodable (`Corrupt`), as an unknown
+/// codec would be.
+fn needs_base() -> Error {
+    Error::corrupt("a delta frame cannot be decoded without its base (decode_delta_frame)")
+}
+
 /// Checks a frame completely and returns its header and decoded data.
 fn decode(frame: &[u8], max_size: u64) -> Result<(FrameHeader, Vec<u8>)> {
     let header = parse_header(frame)?;
@@ -168,7 +175,7 @@ fn decode(frame: &[u8], max_size: u64) -> Result<(FrameHeader, Vec<u8>)> {
             payload.to_vec()
         }
         CODEC_ZSTD => decode_zstd_payload(payload, header.length, max_size)?,
-        _ => return Err(crate::delta::needs_base()),
+        _ => return Err(needs_base()),
     };
     if digest(&data) != header.digest {
         return Err(Error::corrupt("frame digest mismatch"));
@@ -317,7 +324,7 @@ mod tests {
         for data in inputs {
             for level in [-5, 0, 3, 19] {
                 let frame = encode_frame(&data, level).expect("encode");
-                let packed = crate::compress::compress(&data, level, None).expect("compress");
+                let packed = crate::compress::compress(&data, level).expect("compress");
                 let want = if packed.len() < data.len() {
                     CODEC_ZSTD
                 } else {
@@ -446,15 +453,15 @@ mod tests {
         let mut other = frame[..52].to_vec();
         let mut changed = data.clone();
         changed[0] ^= 1;
-        other.extend_from_slice(&crate::compress::compress(&changed, 3, None).expect("zstd"));
+        other.extend_from_slice(&crate::compress::compress(&changed, 3).expect("zstd"));
         assert_corrupt(&other, "other content");
         // A zstd payload of another length.
         let mut shorter = frame[..52].to_vec();
-        shorter.extend_from_slice(&crate::compress::compress(&data[1..], 3, None).expect("zstd"));
+        shorter.extend_from_slice(&crate::compress::compress(&data[1..], 3).expect("zstd"));
         assert_corrupt(&shorter, "shorter content");
         let mut longer = frame[..52].to_vec();
         longer.extend_from_slice(
-            &crate::compress::compress(&[&data[..], b"x"].concat(), 3, None).expect("zstd"),
+            &crate::compress::compress(&[&data[..], b"x"].concat(), 3).expect("zstd"),
         );
         assert_corrupt(&longer, "longer content");
     }

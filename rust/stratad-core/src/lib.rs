@@ -16,7 +16,7 @@ pub mod pipeline;
 pub mod similarity;
 
 pub use chunking::{chunk_boundaries, DEFAULT_AVG_CHUNK, DEFAULT_MAX_CHUNK, DEFAULT_MIN_CHUNK};
-pub use compress::{compress, decompress, train_dictionary};
+pub use compress::{compress, decompress};
 pub use delta::{
     decode_delta_frame, encode_delta_frame, encode_delta_frame_always, encode_delta_frame_beside,
     frame_delta_base, with_delta_depth, MAX_DELTA_DEPTH,

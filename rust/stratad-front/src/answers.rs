@@ -18,8 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::call::Status;
-use crate::grpc::Code;
+use crate::status::{Code, Status};
 
 /// The connections' share: one connection may hold this part of the budget.
 const CONNECTION_SHARE: usize = 8;

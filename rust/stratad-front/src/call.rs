@@ -12,14 +12,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::answers::{CallAnswers, Charge};
-use crate::grpc::Code;
-
-/// A metadata value as gRPC defines it: text, or bytes for `-bin` keys.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MetadataValue {
-    Text(String),
-    Binary(Vec<u8>),
-}
+use crate::status::{MetadataValue, Status};
 
 /// What the daemon sends back for a call, in order: initial metadata (at
 /// most once, before any message), messages, then the status.
@@ -30,24 +23,6 @@ pub(crate) enum Out {
     /// in the answer budget.
     Message(Bytes, bool, Charge),
     Finish(Status),
-}
-
-/// A final status with its trailing metadata.
-#[derive(Debug, Clone)]
-pub(crate) struct Status {
-    pub code: u32,
-    pub message: String,
-    pub trailers: Vec<(String, MetadataValue)>,
-}
-
-impl Status {
-    pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Status {
-            code: code as u32,
-            message: message.into(),
-            trailers: Vec::new(),
-        }
-    }
 }
 
 /// Who is calling, the same for every call of one connection.

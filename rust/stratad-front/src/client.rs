@@ -27,8 +27,8 @@ use percent_encoding::percent_decode_str;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::runtime::Runtime;
 
-use crate::call::MetadataValue;
-use crate::grpc::{self, Code};
+use crate::grpc;
+use crate::status::{Code, MetadataValue};
 
 /// Where the daemon listens.
 #[derive(Debug, Clone)]

@@ -12,24 +12,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 
-use crate::call::{MetadataValue, Status};
-
-/// gRPC status codes (the ones this crate answers with itself).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Code {
-    Ok = 0,
-    Cancelled = 1,
-    Unknown = 2,
-    InvalidArgument = 3,
-    DeadlineExceeded = 4,
-    PermissionDenied = 7,
-    ResourceExhausted = 8,
-    Unimplemented = 12,
-    Internal = 13,
-    Unavailable = 14,
-    Unauthenticated = 16,
-}
+use crate::status::{Code, MetadataValue, Status};
 
 /// Headers of the protocol itself: not metadata a handler sees.
 const RESERVED: [&str; 6] = [

@@ -26,11 +26,12 @@ mod connection;
 mod grpc;
 mod rpc;
 mod server;
+mod status;
 mod tls;
 mod unix;
 
-pub use call::{CallHandle, Event, EventKind, EventQueue, MetadataValue, Peer};
+pub use call::{CallHandle, Event, EventKind, EventQueue, Peer};
 pub use client::{Target, UnaryClient, UnaryReply};
-pub use grpc::Code;
 pub use server::{EdgeLimits, Front, FrontConfig};
+pub use status::{Code, MetadataValue};
 pub use tls::TlsFiles;

@@ -18,10 +18,11 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Sleep;
 
 use crate::answers::{CallAnswers, ConnectionAnswers, STREAM_ANSWER_WINDOW};
-use crate::call::{CallHandle, Event, EventKind, EventQueue, MetadataValue, Out, Peer, Status};
+use crate::call::{CallHandle, Event, EventKind, EventQueue, Out, Peer};
 use crate::connection::Busy;
-use crate::grpc::{self, Code, Encoding, MessageReader};
+use crate::grpc::{self, Encoding, MessageReader};
 use crate::server::{BoxError, Shared};
+use crate::status::{Code, MetadataValue, Status};
 
 type ResponseBody = BoxBody<Bytes, BoxError>;
 

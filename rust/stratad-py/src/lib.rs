@@ -173,49 +173,20 @@ fn chunk_boundaries(
     check(py, result)
 }
 
-/// One zstd frame of `data` (content size recorded), optionally with a
-/// dictionary.
+/// One zstd frame of `data` (content size recorded).
 #[pyfunction]
-#[pyo3(
-    signature = (data, level = Int(3), dictionary = None),
-    text_signature = "(data, level=3, dictionary=None)"
-)]
-fn compress<'py>(
-    py: Python<'py>,
-    data: &[u8],
-    level: Int,
-    dictionary: Option<&[u8]>,
-) -> PyResult<Bound<'py, PyBytes>> {
+#[pyo3(signature = (data, level = Int(3)), text_signature = "(data, level=3)")]
+fn compress<'py>(py: Python<'py>, data: &[u8], level: Int) -> PyResult<Bound<'py, PyBytes>> {
     let level = level.level(py)?;
-    let result = run(py, data.len(), || core::compress(data, level, dictionary));
+    let result = run(py, data.len(), || core::compress(data, level));
     Ok(PyBytes::new(py, &check(py, result)?))
 }
 
 /// Decompresses one zstd frame, producing at most `max_size` bytes.
 #[pyfunction]
-#[pyo3(signature = (data, max_size, dictionary = None))]
-fn decompress<'py>(
-    py: Python<'py>,
-    data: &[u8],
-    max_size: Int,
-    dictionary: Option<&[u8]>,
-) -> PyResult<Bound<'py, PyBytes>> {
+fn decompress<'py>(py: Python<'py>, data: &[u8], max_size: Int) -> PyResult<Bound<'py, PyBytes>> {
     let max_size = max_size.limit(py, "max_size")?;
-    let result = run(py, data.len(), || {
-        core::decompress(data, max_size, dictionary)
-    });
-    Ok(PyBytes::new(py, &check(py, result)?))
-}
-
-/// Trains a zstd dictionary of at most `max_size` bytes.
-#[pyfunction]
-fn train_dictionary<'py>(
-    py: Python<'py>,
-    samples: Vec<Vec<u8>>,
-    max_size: Int,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let max_size = max_size.size(py, "max_size")?;
-    let result = py.detach(|| core::train_dictionary(&samples, max_size));
+    let result = run(py, data.len(), || core::decompress(data, max_size));
     Ok(PyBytes::new(py, &check(py, result)?))
 }
 
@@ -743,7 +714,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chunk_boundaries, m)?)?;
     m.add_function(wrap_pyfunction!(compress, m)?)?;
     m.add_function(wrap_pyfunction!(decompress, m)?)?;
-    m.add_function(wrap_pyfunction!(train_dictionary, m)?)?;
     m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
     m.add_function(wrap_pyfunction!(verify_frame, m)?)?;
