@@ -280,7 +280,7 @@ def test_novelty_thresholds(
     tool_sim: float,
 ) -> None:
     existing = create(libs, words_goal(*GOAL10), tuple(TOOLS5) if tools else ())
-    assert native.jaccard(goal_words, GOAL10) == pytest.approx(goal_sim)
+    assert len({*goal_words} & {*GOAL10}) / len({*goal_words, *GOAL10}) == pytest.approx(goal_sim)
     result = libs.crystallize(T, words_goal(*goal_words), steps(*tools), 0.9)
     if novel:
         assert result.outcome is Outcome.CREATED
@@ -659,7 +659,7 @@ def test_compaction_keeps_everything(open_libs: Open, clock: Clock) -> None:
 def test_streaming_replay_and_compaction_release_pages(
     open_libs: Open, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import stratad.domain.crystals as dc
+    import stratad.domain.crystals.persistence as dc
 
     monkeypatch.setattr(dc, "_RELEASE_BYTES", 4096)  # release after every page or so
     libs = open_libs(compact_min_bytes=4096)
