@@ -180,7 +180,13 @@ def test_verify_re_hashes_object_storage_and_replays_remote_histories(
     store = a.replicator.remote.store
     paths = [m["path"] for batch in obstore.list(store, f"tenants/{TENANT}/") for m in batch]
     pack = next(p for p in paths if p.endswith(".pack"))
-    segment = next(p for p in paths if "/seg/" in p)
+    # A segment the session's HEAD lists (an earlier one may already be
+    # superseded by a rebase, and a daemon hydrating never reads it).
+    path = RemoteTier.session_path(TENANT, "s1")
+    head = a.replicator.remote.read_head(path)
+    assert head is not None
+    segment = f"{path}/seg/{head.head.segments[-1]}"
+    assert segment in paths
     data = bytearray(bytes(obstore.get(store, pack).bytes()))
     data[len(data) // 2] ^= 0xFF  # bit rot in the middle of the pack
     obstore.put(store, pack, bytes(data))
