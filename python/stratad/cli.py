@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "mcp":
         return run_mcp(args)
     if args.command == "ctl":
-        return ctl.main(args)
+        return ctl.main(args, parser)
     if args.command == "keygen":
         from stratad.store.crypto import new_master_key_text
 

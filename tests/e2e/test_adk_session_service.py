@@ -49,7 +49,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import stratad.errors
 from stratad.api.v1 import task_pb2, task_pb2_grpc
-from stratad.domain.ids import validate_id
+from stratad.ids import validate_id
 from stratad.integrations.adk import (
     CONTENT_TYPE,
     StratadSessionService,

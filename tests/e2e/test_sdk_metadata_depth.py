@@ -20,7 +20,7 @@ import stratad
 from stratad.api.v1 import checkpoint_pb2
 from stratad.errors import InvalidArgumentError
 from stratad.sdk import client as sdk_client
-from stratad.server.servicers.values import MAX_STRUCT_DEPTH
+from stratad.values import MAX_STRUCT_DEPTH
 
 Daemon = Any
 DEPTHS = (33, 34, 100, 5000)

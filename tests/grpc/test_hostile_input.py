@@ -30,7 +30,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from stratad.api.v1 import checkpoint_pb2
 from stratad.server.reflection import v1_file_descriptor
 from stratad.server.registry import SERVICES
-from stratad.server.servicers.values import MAX_STRUCT_DEPTH
+from stratad.values import MAX_STRUCT_DEPTH
 
 if TYPE_CHECKING:
     from conftest import Api

@@ -37,10 +37,10 @@ from inspector_data import (
 
 import stratad
 from stratad.api.v1 import agent_pb2, agent_pb2_grpc
-from stratad.inspector import reader as reader_module
-from stratad.inspector.http import HttpStartError
-from stratad.inspector.reader import Reader
 from stratad.server.auth import token_digest
+from stratad.server.inspector import reader as reader_module
+from stratad.server.inspector.http import HttpStartError
+from stratad.server.inspector.reader import Reader
 from stratad.server.registry import SERVICES
 
 ADMIN_TOKEN = "admin-secret-token"

@@ -2,7 +2,7 @@
 
 Each test starts the daemon in this process with ``inspector_listen =
 127.0.0.1:0`` and shortens the HTTP server's limits (module constants of
-stratad/inspector/http.py) with monkeypatch, so that a timeout is seconds, not
+stratad/server/inspector/http.py) with monkeypatch, so that a timeout is seconds, not
 the production value. Every client is on loopback. The daemon's descriptors
 are this process's (/proc/self/fd), counted with the clients' own.
 """
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from stratad.inspector import http as inspector_http
-from stratad.inspector.http import HttpServer, Request, Response
+from stratad.server.inspector import http as inspector_http
+from stratad.server.inspector.http import HttpServer, Request, Response
 from stratad.server.registry import SERVICES
 
 pytestmark = pytest.mark.skipif(
@@ -87,7 +87,8 @@ def problems(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         f"{r.levelname} {r.name}: {r.getMessage()}"
         for r in caplog.records
-        if r.levelno >= logging.ERROR or (r.name.startswith("stratad.inspector") and r.exc_info)
+        if r.levelno >= logging.ERROR
+        or (r.name.startswith("stratad.server.inspector") and r.exc_info)
     ]
 
 

@@ -20,7 +20,7 @@ from google.genai import types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratad.domain.ids import validate_id
+from stratad.ids import validate_id
 from stratad.integrations.adk import (
     app_state_id,
     decode_document,

@@ -121,7 +121,7 @@ CASES = [
 
 def write_script(tmp_path: Path, shell: str) -> Path:
     path = tmp_path / f"stratad.{shell}"
-    path.write_text(completion_script(shell))
+    path.write_text(completion_script(shell, build_parser()))
     return path
 
 

@@ -6,9 +6,9 @@ import pytest
 
 from stratad.cli import build_parser
 from stratad.config import Config, ConfigError, load_config
-from stratad.inspector.http import BadRequest, parse_request
-from stratad.inspector.jsondiff import diff, pointer
-from stratad.inspector.reader import describe_state
+from stratad.server.inspector.http import BadRequest, parse_request
+from stratad.server.inspector.jsondiff import diff, pointer
+from stratad.server.inspector.reader import describe_state
 
 # -- jsondiff --------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""JSON values <-> google.protobuf.Value (server/servicers/values.py): ints stay ints.
+"""JSON values <-> google.protobuf.Value (python/stratad/values.py): ints stay ints.
 
 Also the checks every request's JSON passes (`check_json`): no NaN or
 infinities, at most MAX_STRUCT_DEPTH levels of nesting, checked without recursion.
@@ -13,7 +13,7 @@ from google.protobuf import struct_pb2
 
 from stratad.errors import InvalidArgumentError
 from stratad.server.servicers.convert import struct_to_dict
-from stratad.server.servicers.values import (
+from stratad.values import (
     MAX_STRUCT_DEPTH,
     check_json,
     to_py,

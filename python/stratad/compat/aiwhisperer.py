@@ -72,7 +72,8 @@ from stratad.api.v1 import task_pb2, task_pb2_grpc
 from stratad.errors import AlreadyExistsError, NotFoundError
 from stratad.sdk.client import Client
 from stratad.sdk.connection import TLSConfig
-from stratad.server.servicers.values import to_py, to_value
+from stratad.sdk.constants import ADDRESS_ENV
+from stratad.values import to_py, to_value
 
 __all__ = [
     "ADDRESS_ENV",
@@ -84,7 +85,6 @@ __all__ = [
     "session_id_for",
 ]
 
-ADDRESS_ENV = "STRATAD_ADDRESS"
 CONTENT_TYPE = "application/vnd.aiwhisperer.state+json"
 SESSION_PREFIX = "aiwhisperer:"
 DEFAULT_KEEP_LAST = 10

@@ -50,7 +50,8 @@ from stratad.api.v1 import profile_pb2 as ppb
 from stratad.errors import AlreadyExistsError, NotFoundError
 from stratad.sdk.client import Client
 from stratad.sdk.connection import TLSConfig
-from stratad.server.servicers.values import set_value, struct_to_py, to_py, to_struct
+from stratad.sdk.constants import ADDRESS_ENV
+from stratad.values import set_value, struct_to_py, to_py, to_struct
 
 __all__ = [
     "ADDRESS_ENV",
@@ -60,8 +61,6 @@ __all__ = [
     "UserProfile",
     "compress",
 ]
-
-ADDRESS_ENV = "STRATAD_ADDRESS"
 
 
 def _client(address: str | None, tenant: str, client: Client | None, **credentials: Any) -> Client:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stratad import crystal_format
 from stratad.api.v1 import crystal_pb2, crystal_pb2_grpc
 from stratad.compat.cortex_state import (
     CrystallizedState,
@@ -23,10 +24,10 @@ from stratad.compat.cortex_state import (
     InsightState,
     StateFileManager,
 )
-from stratad.domain import crystals as domain
 from stratad.errors import InvalidArgumentError, NotFoundError
 from stratad.sdk.client import Client
 from stratad.sdk.connection import TLSConfig
+from stratad.sdk.constants import ADDRESS_ENV
 
 # =====================================================================================
 # MemoryCrystallizer and Crystal (seed 001): crystals in the daemon's CrystalService
@@ -60,8 +61,6 @@ from stratad.sdk.connection import TLSConfig
 # - Failures to reach the daemon are `stratad.errors` exceptions (for example
 #   `~stratad.errors.UnavailableError`); invalid arguments raise
 #   `~stratad.errors.InvalidArgumentError`.
-
-ADDRESS_ENV = "STRATAD_ADDRESS"
 
 
 @dataclass
@@ -177,30 +176,22 @@ class MemoryCrystallizer:
         """Matching crystals by keyword similarity, best first (boosted by effectiveness)."""
         if top_k <= 0:
             return []
-        top_k = min(top_k, domain.MAX_TOP_K)  # the daemon's limit; the seed has none
+        top_k = min(top_k, crystal_format.MAX_TOP_K)  # the daemon's limit; the seed has none
         request = crystal_pb2.QueryCrystalsRequest(goal_text=goal_text, top_k=top_k)
         response = self._call(self._stub.QueryCrystals, request)
         return [_crystal_of(match.crystal) for match in response.matches]
 
     def apply(self, crystal: Crystal, context: str = "") -> str:
         """A few-shot prompt (markdown) from `crystal`; `context` is not used."""
-        return domain.format_prompt(
-            domain.Crystal(
-                crystal_id=crystal.crystal_id,
-                goal_template=crystal.goal_template,
-                decision_chain=tuple(crystal.decision_chain),
-                tool_sequence=tuple(crystal.tool_sequence),
-                error_patterns=tuple(
-                    domain.ErrorPattern(p.get("error", ""), p.get("resolution", ""))
-                    for p in crystal.error_patterns
-                ),
-                success_score=crystal.success_score,
-                reuse_count=crystal.reuse_count,
-                effectiveness=crystal.effectiveness,
-                entity_types=tuple(crystal.entity_types),
-                created_from=crystal.created_from,
-                created_at=crystal.created_at,
-            )
+        return crystal_format.format_prompt(
+            goal_template=crystal.goal_template,
+            decision_chain=crystal.decision_chain,
+            tool_sequence=crystal.tool_sequence,
+            error_patterns=(
+                (p.get("error", ""), p.get("resolution", "")) for p in crystal.error_patterns
+            ),
+            effectiveness=crystal.effectiveness,
+            reuse_count=crystal.reuse_count,
         )
 
     def record_reuse(self, crystal_id: str, success: bool) -> None:

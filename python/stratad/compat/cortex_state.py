@@ -61,11 +61,11 @@ from stratad.api.v1 import cognitive_pb2_grpc
 from stratad.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
 from stratad.sdk.client import Client
 from stratad.sdk.connection import TLSConfig
-from stratad.server.servicers.values import fill_struct, struct_to_py
+from stratad.sdk.constants import ADDRESS_ENV
+from stratad.values import fill_struct, struct_to_py
 
 __all__ = ["ADDRESS_ENV", "CrystallizedState", "FluidState", "InsightState", "StateFileManager"]
 
-ADDRESS_ENV = "STRATAD_ADDRESS"
 DEFAULT_TENANT = "default"
 T = TypeVar("T")
 _ERROR_STATUS = {pb.ERROR_STATUS_OPEN: "open", pb.ERROR_STATUS_RESOLVED: "resolved"}

@@ -65,10 +65,12 @@ from stratad.ctl.parser import (
 )
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, root_parser: argparse.ArgumentParser) -> int:
+    """Run a ``stratad ctl`` command; ``root_parser`` (the whole ``stratad``
+    command's) is what ``ctl completion`` describes."""
     from stratad.ctl.commands import run
 
-    return run(args)
+    return run(args, root_parser)
 
 
 __all__ = [

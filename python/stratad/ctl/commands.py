@@ -45,13 +45,13 @@ from stratad.ctl.tokens import run_token
 from stratad.errors import StratadError, UnavailableError
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, root_parser: argparse.ArgumentParser) -> int:
     if args.ctl_command == "token":  # offline: no daemon, no connection
         return run_token(args)
     if args.ctl_command == "completion":
         from stratad.ctl.completion import completion_script
 
-        sys.stdout.write(completion_script(args.shell))
+        sys.stdout.write(completion_script(args.shell, root_parser))
         return EXIT_OK
     try:
         connection = connection_of(args)

@@ -6,8 +6,9 @@ choices of those that have them) is read from the argparse parser now and
 written into the script, so completing never runs Python (no start-up delay
 at every Tab) and the script cannot drift from the parser it was made from.
 Completion therefore knows commands and options, not the daemon's session
-or checkpoint IDs. The parser comes from `stratad.cli_parser` (which the
-``stratad`` command parses with too), never from `stratad.cli`.
+or checkpoint IDs. The parser is the one the ``stratad`` command parsed the
+command line with, handed down by `stratad.cli` (ctl sits below the command
+that contains it, so it never imports it).
 
 Each script finds the command path typed so far (``ctl sessions``), skipping
 options and their values wherever they appear (the global options are
@@ -21,7 +22,6 @@ import argparse
 import shlex
 from dataclasses import dataclass, field
 
-from stratad.cli_parser import build_parser
 from stratad.ctl.parser import SHELLS
 
 
@@ -80,9 +80,10 @@ def _walk(
         _walk(child, f"{path} {name}", nodes, {**inherited, **node.help})
 
 
-def completion_script(shell: str, parser: argparse.ArgumentParser | None = None) -> str:
-    """The completion script for ``shell`` (bash, zsh or fish)."""
-    nodes = command_tree(parser or build_parser())
+def completion_script(shell: str, parser: argparse.ArgumentParser) -> str:
+    """The completion script for ``shell`` (bash, zsh or fish), of the whole
+    ``stratad`` command as ``parser`` (`stratad.cli_parser.build_parser`) parses it."""
+    nodes = command_tree(parser)
     writers = {"bash": _bash, "zsh": _zsh, "fish": _fish}
     if shell not in writers:
         raise ValueError(f"no completion for {shell!r}: one of {', '.join(SHELLS)}")

@@ -14,10 +14,20 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-# The same names as stratad.sdk.connection, which is not imported: the parser stays light.
-ADDRESS_ENV = "STRATAD_ADDRESS"
-TENANT_ENV = "STRATAD_TENANT"
-DEFAULT_ADDRESS = "127.0.0.1:50051"
+# stratad.sdk.constants imports nothing (stratad.sdk.connection would import grpc):
+# the parser stays light.
+from stratad.sdk.constants import (
+    ADDRESS_ENV,
+    DEFAULT_ADDRESS,
+    TENANT_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_ENV,
+    TLS_KEY_ENV,
+    TLS_SERVER_NAME_ENV,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+)
 
 
 def _positive_int(text: str) -> int:
@@ -290,25 +300,23 @@ def _add_credentials(
         metavar="FILE",
         default=default(None),
         help=shown(
-            "read the bearer token from FILE (env: STRATAD_TOKEN_FILE, or the token itself "
-            "in STRATAD_TOKEN; a token on the command line would show in ps)"
+            f"read the bearer token from FILE (env: {TOKEN_FILE_ENV}, or the token itself "
+            f"in {TOKEN_ENV}; a token on the command line would show in ps)"
         ),
     )
     group.add_argument(
         "--tls",
         action="store_true",
         default=default(None),
-        help=shown(
-            "connect with TLS, trusting the system's CAs unless --tls-ca (env: STRATAD_TLS)"
-        ),
+        help=shown(f"connect with TLS, trusting the system's CAs unless --tls-ca (env: {TLS_ENV})"),
     )
     for flag, env, text in (
-        ("--tls-ca", "STRATAD_TLS_CA", "PEM CA file that signed the daemon's certificate"),
-        ("--tls-cert", "STRATAD_TLS_CERT", "client certificate (PEM) for mTLS"),
-        ("--tls-key", "STRATAD_TLS_KEY", "the client certificate's key (PEM)"),
+        ("--tls-ca", TLS_CA_ENV, "PEM CA file that signed the daemon's certificate"),
+        ("--tls-cert", TLS_CERT_ENV, "client certificate (PEM) for mTLS"),
+        ("--tls-key", TLS_KEY_ENV, "the client certificate's key (PEM)"),
         (
             "--tls-server-name",
-            "STRATAD_TLS_SERVER_NAME",
+            TLS_SERVER_NAME_ENV,
             "name to verify the daemon's certificate for, if not the host dialed",
         ),
     ):

@@ -21,10 +21,10 @@ import datetime as dt
 from typing import Any
 
 from stratad.domain import structured as st
-from stratad.domain.ids import validate_id
 from stratad.domain.models import SessionState, reducer
 from stratad.domain.sessions import Commit, LiveSession, SessionManager
 from stratad.errors import FailedPreconditionError, InvalidArgumentError
+from stratad.ids import validate_id
 
 FACET = "agent"
 MAX_INSIGHTS = 10

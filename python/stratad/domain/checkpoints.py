@@ -24,7 +24,6 @@ from typing import Any
 
 from stratad import native
 from stratad.domain.events import SessionEvent
-from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import Checkpoint, SessionStatus
 from stratad.domain.sessions import (
     LiveSession,
@@ -47,6 +46,7 @@ from stratad.errors import (
     StratadError,
     checkpoint_not_found,
 )
+from stratad.ids import new_id, validate_id
 from stratad.store import manifest
 from stratad.store.journal import Record
 from stratad.store.tenant import StaleBaseError, StoredState

@@ -47,9 +47,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from stratad.domain.ids import validate_id
 from stratad.domain.stamps import HybridClock
 from stratad.errors import InvalidArgumentError, StratadError
+from stratad.ids import validate_id
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Record
 from stratad.store.remote import FailureLog, NodeBeat, RemoteTier

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stratad.domain import structured as st
-from stratad.domain.ids import validate_id
 from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError, StratadError
+from stratad.ids import validate_id
 from stratad.store import journal as journal_mod
 from stratad.store.crypto import RecordCipher
 from stratad.store.journal import Journal, Record, seal_record

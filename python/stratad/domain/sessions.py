@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from stratad import native, tracing
 from stratad.domain.events import EventHub, SessionEvent
-from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import SessionState, SessionStatus, apply
 from stratad.domain.quotas import Quotas
 from stratad.errors import (
@@ -39,6 +38,7 @@ from stratad.errors import (
     checkpoint_not_found,
     session_not_found,
 )
+from stratad.ids import new_id, validate_id
 from stratad.store import journal as journal_mod
 from stratad.store.commit import sync_all
 from stratad.store.fsync import DIR_MODE, FILE_MODE

@@ -18,7 +18,6 @@ import enum
 from typing import Any
 
 from stratad.domain import structured as st
-from stratad.domain.ids import validate_id
 from stratad.domain.models import SessionState, reducer
 from stratad.domain.sessions import Commit, LiveSession, SessionManager
 from stratad.errors import (
@@ -27,6 +26,7 @@ from stratad.errors import (
     NotFoundError,
     ResourceExhaustedError,
 )
+from stratad.ids import validate_id
 
 FACET = "tasks"
 #: Most tasks, and most global state keys, of one session.

@@ -40,7 +40,6 @@ from stratad.domain.checkpoints import (
     validate_namespace,
 )
 from stratad.domain.events import SessionEvent
-from stratad.domain.ids import new_id, validate_id
 from stratad.domain.models import Checkpoint, SessionState, SessionStatus, reducer
 from stratad.domain.sessions import (
     Commit,
@@ -60,6 +59,7 @@ from stratad.errors import (
     ResourceExhaustedError,
     checkpoint_not_found,
 )
+from stratad.ids import new_id, validate_id
 from stratad.store.journal import Record
 
 #: One write's value; larger values belong in the state itself.

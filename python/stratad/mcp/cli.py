@@ -31,6 +31,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stratad.sdk.constants import (
+    ADDRESS_ENV,
+    DEFAULT_ADDRESS,
+    TENANT_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_ENV,
+    TLS_KEY_ENV,
+    TLS_SERVER_NAME_ENV,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+)
+
 EXIT_OK = 0
 EXIT_START_FAILED = 1
 EXIT_USAGE = 2
@@ -127,35 +140,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--address",
         default=None,
         metavar="ADDR",
-        help="the daemon: HOST:PORT or unix:/path (env: STRATAD_ADDRESS; default: 127.0.0.1:50051)",
+        help=f"the daemon: HOST:PORT or unix:/path (env: {ADDRESS_ENV}; "
+        f"default: {DEFAULT_ADDRESS})",
     )
     daemon.add_argument(
         "--tenant",
         default=None,
-        help="act in this tenant (env: STRATAD_TENANT; default: the daemon's 'default', or with "
+        help=f"act in this tenant (env: {TENANT_ENV}; default: the daemon's 'default', or with "
         "auth on the token's own tenant); not used with --http-auth bearer",
     )
     daemon.add_argument(
         "--token-file",
         default=None,
         metavar="FILE",
-        help="read the daemon token from FILE (env: STRATAD_TOKEN_FILE, or the token itself in "
-        "STRATAD_TOKEN); not used with --http-auth bearer",
+        help=f"read the daemon token from FILE (env: {TOKEN_FILE_ENV}, or the token itself in "
+        f"{TOKEN_ENV}); not used with --http-auth bearer",
     )
     daemon.add_argument(
         "--tls",
         action="store_true",
         default=None,
         help="connect to the daemon with TLS, trusting the system's CAs unless --tls-ca "
-        "(env: STRATAD_TLS)",
+        f"(env: {TLS_ENV})",
     )
     for flag, env, text in (
-        ("--tls-ca", "STRATAD_TLS_CA", "PEM CA file that signed the daemon's certificate"),
-        ("--tls-cert", "STRATAD_TLS_CERT", "client certificate (PEM) for mTLS to the daemon"),
-        ("--tls-key", "STRATAD_TLS_KEY", "the client certificate's key (PEM)"),
+        ("--tls-ca", TLS_CA_ENV, "PEM CA file that signed the daemon's certificate"),
+        ("--tls-cert", TLS_CERT_ENV, "client certificate (PEM) for mTLS to the daemon"),
+        ("--tls-key", TLS_KEY_ENV, "the client certificate's key (PEM)"),
         (
             "--tls-server-name",
-            "STRATAD_TLS_SERVER_NAME",
+            TLS_SERVER_NAME_ENV,
             "name to verify the daemon's certificate for, if not the host dialed",
         ),
     ):
@@ -212,8 +226,8 @@ def settings_of(args: argparse.Namespace, environ: dict[str, str] | None = None)
     except (OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     if connection.tenant:
-        from stratad.domain.ids import validate_id
         from stratad.errors import InvalidArgumentError
+        from stratad.ids import validate_id
 
         try:
             validate_id(connection.tenant, "tenant")

@@ -40,8 +40,8 @@ from mcp_types import (
 )
 
 from stratad.api.v1 import checkpoint_pb2, cognitive_pb2, session_pb2
-from stratad.domain.ids import validate_id
 from stratad.errors import InvalidArgumentError, ResourceExhaustedError, StratadError
+from stratad.ids import validate_id
 from stratad.mcp.daemon import DaemonLink, Identity, log
 from stratad.mcp.tools.base import Limits
 from stratad.mcp.tools.checkpoints import list_checkpoints

@@ -61,13 +61,14 @@ from pydantic import AnyHttpUrl
 
 from stratad import __version__
 from stratad.api.v1 import session_pb2
-from stratad.domain.ids import validate_id
 from stratad.errors import StratadError, UnauthenticatedError
+from stratad.ids import validate_id
 from stratad.mcp import prompts as prompt_module
 from stratad.mcp import resources as resource_module
 from stratad.mcp.daemon import DaemonLink, Identity
 from stratad.mcp.tools import TOOLS, Call, Limits, call_tool, error_result
 from stratad.sdk.connection import Connection
+from stratad.sdk.constants import AUTHORIZATION_HEADER, BEARER_SCHEME, TENANT_HEADER
 
 log = logging.getLogger("stratad.mcp")
 
@@ -85,7 +86,6 @@ continue from what it says. When the task succeeded, call crystal_crystallize.""
 
 #: A token as an HTTP header and gRPC metadata can carry it (RFC 6750 b64token, roughly).
 _TOKEN = re.compile(r"[A-Za-z0-9\-._~+/=:]{1,4096}")
-TENANT_HEADER = "x-stratad-tenant"
 #: connection.state key of a handshake-era connection's resource watches.
 _WATCHES = "stratad.mcp.watches"
 
@@ -137,7 +137,7 @@ class StratadMcp:
         headers = getattr(ctx.request, "headers", None)
         if headers is None:  # not an HTTP request: cannot happen with --http-auth bearer
             raise UnauthenticatedError("no HTTP request credentials", reason="MISSING_CREDENTIALS")
-        token = bearer_token(headers.get("authorization", ""))
+        token = bearer_token(headers.get(AUTHORIZATION_HEADER, ""))
         if token is None:
             raise UnauthenticatedError(
                 "the request carries no Authorization: Bearer token", reason="MISSING_CREDENTIALS"
@@ -269,7 +269,7 @@ def bearer_token(header: str) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, if it is one."""
     scheme, _, token = header.strip().partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not _TOKEN.fullmatch(token):
+    if scheme.lower() != BEARER_SCHEME.lower() or not _TOKEN.fullmatch(token):
         return None
     return token
 

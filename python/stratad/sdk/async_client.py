@@ -7,8 +7,9 @@ two twins differ only in how they call; see sdk/client.py for the whole.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from typing import Any, Unpack
 
 import grpc
 import grpc.aio
@@ -24,6 +25,7 @@ from stratad.api.v1 import (
 from stratad.errors import AlreadyExistsError, StratadError
 from stratad.sdk.connection import Connection, TLSConfig
 from stratad.sdk.messages import (
+    SaveOptions,
     copy_session_request,
     create_checkpoint_request,
     create_session_request,
@@ -33,11 +35,13 @@ from stratad.sdk.messages import (
     missing_chunks,
     prune_checkpoints_request,
     put_writes_request,
+    replace_structured_state_request,
     replan,
     save_request,
+    save_states_request,
     whole_request,
 )
-from stratad.sdk.rpc import channel_options, to_error
+from stratad.sdk.rpc import channel_options, not_ready_error, to_error
 from stratad.sdk.upload import Uploader
 
 __all__ = ["AsyncClient"]
@@ -92,6 +96,15 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        return self._channel
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What every call carries: the tenant header and the bearer token, when set."""
+        return self._metadata
+
     async def call(
         self,
         method: Any,
@@ -106,6 +119,14 @@ class AsyncClient:
         except grpc.RpcError as exc:
             # UNAVAILABLE because of a TLS mismatch: a message that names the fix.
             raise to_error(await self.connection.aio_explain(exc)) from None
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        """As `Client.wait_ready`: wait until the daemon accepts connections."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except TimeoutError:
+            tls = self.connection.tls
+            raise await asyncio.to_thread(not_ready_error, self.address, tls) from None
 
     # -- sessions ----------------------------------------------------------------
 
@@ -156,11 +177,21 @@ class AsyncClient:
         if self._uploader:
             self._uploader.forget_session(session_id)
 
+    async def get_structured_state(self, session_id: str) -> session_pb2.GetStructuredStateResponse:
+        request = session_pb2.GetStructuredStateRequest(session_id=session_id)
+        return await self.call(self.sessions.GetStructuredState, request)  # type: ignore[no-any-return]
+
+    async def replace_structured_state(
+        self, session_id: str, structured_json: bytes, *, expected_version: int = 0
+    ) -> session_pb2.ReplaceStructuredStateResponse:
+        request = replace_structured_state_request(session_id, structured_json, expected_version)
+        return await self.call(self.sessions.ReplaceStructuredState, request)  # type: ignore[no-any-return]
+
     async def watch_session(
-        self, session_id: str, from_version: int = 0
+        self, session_id: str, from_version: int = 0, timeout: float | None = None
     ) -> AsyncIterator[session_pb2.SessionEvent]:
         request = session_pb2.WatchSessionRequest(session_id=session_id, from_version=from_version)
-        stream = self.sessions.WatchSession(request, metadata=self._metadata)
+        stream = self.sessions.WatchSession(request, timeout=timeout, metadata=self._metadata)
         try:
             async for response in stream:
                 yield response.event
@@ -173,9 +204,16 @@ class AsyncClient:
     # -- state -------------------------------------------------------------------
 
     async def save_state(
-        self, session_id: str, data: bytes, **options: Any
+        self,
+        session_id: str,
+        data: bytes,
+        *,
+        expected_version: int = 0,
+        **options: Unpack[SaveOptions],
     ) -> checkpoint_pb2.SaveStateResponse:
-        return await self.save(save_request(session_id, b"", **options), data)
+        """As `Client.save_state`."""
+        request = save_request(session_id, b"", expected_version=expected_version, **options)
+        return await self.save(request, data)
 
     async def save(
         self, request: checkpoint_pb2.SaveStateRequest, data: bytes | None = None
@@ -203,9 +241,22 @@ class AsyncClient:
         return await self.call(self.checkpoints.SaveState, whole_request(request, data))  # type: ignore[no-any-return]
 
     async def load_state(
-        self, session_id: str, checkpoint_id: str = "", namespace: str = ""
+        self,
+        session_id: str,
+        checkpoint_id: str = "",
+        namespace: str = "",
+        *,
+        include_writes: bool = False,
+        include_structured: bool = False,
     ) -> checkpoint_pb2.LoadStateResponse:
-        request = load_state_request(session_id, checkpoint_id, namespace)
+        """As `Client.load_state`."""
+        request = load_state_request(
+            session_id,
+            checkpoint_id,
+            namespace,
+            include_writes=include_writes,
+            include_structured=include_structured,
+        )
         return await self.call(self.checkpoints.LoadState, request)  # type: ignore[no-any-return]
 
     async def find_missing_chunks(self, digests: list[str]) -> list[str]:
@@ -218,8 +269,9 @@ class AsyncClient:
         data: bytes | None = None,
         *,
         expected_version: int = 0,
-        **options: Any,
+        **options: Unpack[SaveOptions],
     ) -> checkpoint_pb2.PauseExecutionResponse:
+        """As `Client.pause_execution`."""
         saved = None
         if data is not None:
             saved = await self.save_state(
@@ -275,11 +327,12 @@ class AsyncClient:
         metadata_filter: dict[str, Any] | None = None,
         before: str = "",
         page_size: int = 100,
+        include_writes: bool = False,
     ) -> AsyncIterator[checkpoint_pb2.Checkpoint]:
         token = ""
         while True:
             request = list_checkpoints_request(
-                session_id, namespace, metadata_filter, before, page_size, token
+                session_id, namespace, metadata_filter, before, page_size, token, include_writes
             )
             page = await self.call(self.checkpoints.ListCheckpoints, request)
             for checkpoint in page.checkpoints:
@@ -302,6 +355,24 @@ class AsyncClient:
         )
         return (await self.call(self.checkpoints.ForkSession, request)).session  # type: ignore[no-any-return]
 
+    async def save_states(
+        self,
+        requests: Iterable[checkpoint_pb2.SaveStateRequest]
+        | AsyncIterable[checkpoint_pb2.SaveStateRequest],
+        timeout: float | None = None,
+    ) -> AsyncIterator[checkpoint_pb2.SaveStatesResponse]:
+        """As `Client.save_states`; ``requests`` may also be an async iterable."""
+        stream = self.checkpoints.SaveStates(
+            _stream_of(requests), timeout=timeout, metadata=self._metadata
+        )
+        try:
+            async for response in stream:
+                yield response
+        except grpc.RpcError as exc:
+            raise to_error(await self.connection.aio_explain(exc)) from None
+        finally:
+            stream.cancel()
+
     # -- admin -------------------------------------------------------------------
 
     async def verify(self) -> admin_pb2.VerifyResponse:
@@ -314,6 +385,15 @@ class AsyncClient:
     async def store_stats(self) -> admin_pb2.GetStoreStatsResponse:
         request = admin_pb2.GetStoreStatsRequest()
         return await self.call(self.admin.GetStoreStats, request)  # type: ignore[no-any-return]
+
+    async def replication_status(self) -> admin_pb2.GetReplicationStatusResponse:
+        request = admin_pb2.GetReplicationStatusRequest()
+        return await self.call(self.admin.GetReplicationStatus, request)  # type: ignore[no-any-return]
+
+    async def restore_session_from_remote(self, session_id: str) -> session_pb2.Session:
+        request = admin_pb2.RestoreSessionFromRemoteRequest(session_id=session_id)
+        response = await self.call(self.admin.RestoreSessionFromRemote, request, timeout=3600)
+        return response.session  # type: ignore[no-any-return]
 
     # -- pending writes, copy, prune, delete by metadata -----------------------------
 
@@ -369,3 +449,18 @@ class AsyncClient:
         """Delete checkpoints whose metadata matches any filter (all sessions when none given)."""
         request = delete_checkpoints_request(metadata_filters, session_id, namespace)
         return await self.call(self.checkpoints.DeleteCheckpoints, request)  # type: ignore[no-any-return]
+
+
+def _stream_of(
+    requests: Iterable[checkpoint_pb2.SaveStateRequest]
+    | AsyncIterable[checkpoint_pb2.SaveStateRequest],
+) -> Iterator[checkpoint_pb2.SaveStatesRequest] | AsyncIterator[checkpoint_pb2.SaveStatesRequest]:
+    """The SaveStates stream of ``requests`` (grpc.aio takes either kind of iterator)."""
+    if isinstance(requests, AsyncIterable):
+
+        async def each() -> AsyncIterator[checkpoint_pb2.SaveStatesRequest]:
+            async for request in requests:
+                yield save_states_request(request)
+
+        return each()
+    return (save_states_request(request) for request in requests)

@@ -16,16 +16,25 @@ This module is where the SDK is imported from; it is made of:
 - sdk/sync_client.py: `Client`;
 - sdk/async_client.py: `AsyncClient`;
 - sdk/messages.py: the requests both build the same way (`save_request`,
-  `struct`, `put_writes_request`, ...) and the retries of a chunked save;
+  `struct`, `put_writes_request`, ...), the options of a save (`SaveOptions`)
+  and the retries of a chunked save;
 - sdk/rpc.py: the channel options (`channel_options`) and failed calls as
-  `stratad.errors` (`to_error`, `error_info`).
+  `stratad.errors` (`to_error`, `error_info`);
+- sdk/constants.py: the names every client shares (the tenant header, the
+  STRATAD_* variables, the default address).
+
+tests/unit/test_sdk_surface.py keeps the twins alike and complete: every field
+of every request of the services they wrap can be set through the method that
+sends it, and both have the same methods with the same parameters.
 """
 
 from __future__ import annotations
 
 from stratad.sdk.async_client import AsyncClient
-from stratad.sdk.connection import DEFAULT_ADDRESS, TENANT_HEADER, TLSConfig
+from stratad.sdk.connection import TLSConfig
+from stratad.sdk.constants import DEFAULT_ADDRESS, TENANT_HEADER
 from stratad.sdk.messages import MAX_METADATA_DEPTH as MAX_METADATA_DEPTH
+from stratad.sdk.messages import SaveOptions as SaveOptions
 from stratad.sdk.messages import check_depth as check_depth
 from stratad.sdk.messages import delete_checkpoints_request as delete_checkpoints_request
 from stratad.sdk.messages import prune_strategy as prune_strategy

@@ -2,7 +2,8 @@
 
 Every client of stratad (the SDK, ``stratad ctl``, the LangGraph saver, the
 compat facades) resolves its connection here, so they all read the same
-variables when an argument is not given (None or empty):
+variables when an argument is not given (None or empty; the names are spelled
+once, in `stratad.sdk.constants`, and re-exported here):
 
 =========================== ===============================================
 ``STRATAD_ADDRESS``         ``HOST:PORT`` or ``unix:/path`` (default 127.0.0.1:50051)
@@ -44,62 +45,22 @@ import grpc.aio
 
 from stratad import tracing
 from stratad.sdk import diagnose
-
-DEFAULT_ADDRESS = "127.0.0.1:50051"
-TENANT_HEADER = "x-stratad-tenant"
-AUTHORIZATION_HEADER = "authorization"
-
-ADDRESS_ENV = "STRATAD_ADDRESS"
-TENANT_ENV = "STRATAD_TENANT"
-TOKEN_ENV = "STRATAD_TOKEN"
-TOKEN_FILE_ENV = "STRATAD_TOKEN_FILE"
-TLS_ENV = "STRATAD_TLS"
-TLS_CA_ENV = "STRATAD_TLS_CA"
-TLS_CERT_ENV = "STRATAD_TLS_CERT"
-TLS_KEY_ENV = "STRATAD_TLS_KEY"
-TLS_SERVER_NAME_ENV = "STRATAD_TLS_SERVER_NAME"
-
-_TRUE = ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True, slots=True)
-class TLSConfig:
-    """How to verify the daemon, and (mTLS) the certificate to show it. Paths to PEM files."""
-
-    #: CA certificates the daemon's certificate must chain to; "" = the system's.
-    ca_file: str = ""
-    #: Client certificate and its key, for a daemon that requires mTLS.
-    cert_file: str = ""
-    key_file: str = ""
-    #: The name to check the daemon's certificate for, instead of the host dialed.
-    server_name: str = ""
-
-    def __post_init__(self) -> None:
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("a client certificate needs its key: give cert_file and key_file")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> TLSConfig | None:
-        """The TLS the STRATAD_TLS* variables ask for; None when none is set."""
-        ca, cert, key = (environ.get(v, "") for v in (TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV))
-        name = environ.get(TLS_SERVER_NAME_ENV, "")
-        if not (ca or cert or key or environ.get(TLS_ENV, "").lower() in _TRUE):
-            return None
-        return cls(ca, cert, key, name)
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(
-            _read(self.ca_file), _read(self.key_file), _read(self.cert_file)
-        )
-
-    def channel_options(self) -> list[tuple[str, Any]]:
-        if not self.server_name:
-            return []
-        return [("grpc.ssl_target_name_override", self.server_name)]
-
-
-def _read(path: str) -> bytes | None:
-    return Path(path).expanduser().read_bytes() if path else None
+from stratad.sdk.constants import (
+    ADDRESS_ENV,
+    AUTHORIZATION_HEADER,
+    BEARER_SCHEME,
+    DEFAULT_ADDRESS,
+    TENANT_ENV,
+    TENANT_HEADER,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_ENV,
+    TLS_KEY_ENV,
+    TLS_SERVER_NAME_ENV,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+)
+from stratad.sdk.tls import TLSConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +103,7 @@ class Connection:
         if self.tenant:
             pairs.append((TENANT_HEADER, self.tenant))
         if self.token:
-            pairs.append((AUTHORIZATION_HEADER, f"Bearer {self.token}"))
+            pairs.append((AUTHORIZATION_HEADER, f"{BEARER_SCHEME} {self.token}"))
         return tuple(pairs)
 
     def channel(self, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
@@ -206,6 +167,7 @@ def _tls_from(tls: TLSConfig | bool | None, env: Mapping[str, str]) -> TLSConfig
 
 __all__ = [
     "ADDRESS_ENV",
+    "AUTHORIZATION_HEADER",
     "DEFAULT_ADDRESS",
     "TENANT_ENV",
     "TENANT_HEADER",

@@ -37,11 +37,12 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from stratad.errors import ERROR_DOMAIN
+from stratad.sdk.constants import TLS_CA_ENV, TLS_CERT_ENV, TLS_ENV, TLS_KEY_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from stratad.sdk.connection import TLSConfig
+    from stratad.sdk.tls import TLSConfig
 
 #: The reasons of the errors this module explains.
 TLS_REQUIRED = "TLS_REQUIRED"
@@ -221,14 +222,14 @@ def _tls_required(address: str, *, client_cert: bool) -> str:
             "daemon's certificate and a client certificate and key "
             "(stratad ctl: --tls-ca FILE --tls-cert FILE --tls-key FILE; "
             "Python: tls=stratad.TLSConfig(ca_file=..., cert_file=..., key_file=...); "
-            "environment: STRATAD_TLS_CA, STRATAD_TLS_CERT and STRATAD_TLS_KEY)"
+            f"environment: {TLS_CA_ENV}, {TLS_CERT_ENV} and {TLS_KEY_ENV})"
         )
     return (
         f"the daemon at {address} speaks TLS, but this client connects in plaintext: "
         "turn TLS on with the CA that signed the daemon's certificate "
         "(stratad ctl: --tls-ca FILE, or --tls if the system trusts it; "
         "Python: tls=stratad.TLSConfig(ca_file=FILE), or tls=True; "
-        "environment: STRATAD_TLS_CA=FILE, or STRATAD_TLS=true)"
+        f"environment: {TLS_CA_ENV}=FILE, or {TLS_ENV}=true)"
     )
 
 
@@ -238,7 +239,7 @@ def _client_cert_required(address: str) -> str:
         "presents none: give a certificate signed by the daemon's client CA, and its key "
         "(stratad ctl: --tls-cert FILE --tls-key FILE; "
         "Python: stratad.TLSConfig(ca_file=..., cert_file=FILE, key_file=FILE); "
-        "environment: STRATAD_TLS_CERT and STRATAD_TLS_KEY)"
+        f"environment: {TLS_CERT_ENV} and {TLS_KEY_ENV})"
     )
 
 
@@ -247,8 +248,8 @@ def _tls_not_supported(address: str) -> str:
         f"the daemon at {address} does not speak TLS (it answered in plaintext HTTP/2), "
         "but this client connects with TLS: drop the TLS settings, or dial the daemon's "
         "TLS listener (stratad ctl: leave out --tls, --tls-ca, --tls-cert and --tls-key; "
-        "Python: tls=False; environment: unset STRATAD_TLS, STRATAD_TLS_CA, STRATAD_TLS_CERT "
-        "and STRATAD_TLS_KEY)"
+        f"Python: tls=False; environment: unset {TLS_ENV}, {TLS_CA_ENV}, {TLS_CERT_ENV} "
+        f"and {TLS_KEY_ENV})"
     )
 
 

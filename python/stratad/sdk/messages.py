@@ -11,7 +11,7 @@ adapters (stratad.integrations) build their requests with the same functions.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 from google.protobuf import struct_pb2
 
@@ -25,7 +25,7 @@ from stratad.errors import (
 from stratad.sdk.upload import Uploader, UploadPlan
 
 #: Deepest nesting of objects and lists the daemon accepts in metadata (its
-#: MAX_STRUCT_DEPTH, server/servicers/values.py): ``{"a": 1}`` is 1 level.
+#: MAX_STRUCT_DEPTH, stratad/values.py): ``{"a": 1}`` is 1 level.
 MAX_METADATA_DEPTH = 32
 
 
@@ -90,7 +90,37 @@ def copy_session_request(
     )
 
 
+def replace_structured_state_request(
+    session_id: str, structured_json: bytes, expected_version: int
+) -> session_pb2.ReplaceStructuredStateRequest:
+    return session_pb2.ReplaceStructuredStateRequest(
+        session_id=session_id, structured_json=structured_json, expected_version=expected_version
+    )
+
+
 # -- states and checkpoints ----------------------------------------------------------------
+
+
+class SaveOptions(TypedDict, total=False):
+    """The options of a save, as `Client.save_state` and `Client.pause_execution`
+    (and their `AsyncClient` twins) take them as keywords: every field of
+    SaveStateRequest but the session, the state and ``expected_version`` (a
+    parameter of its own; ``chunked`` is the client's upload of the state).
+    tests/unit/test_sdk_surface.py fails when the proto gains a field no
+    parameter sets."""
+
+    #: What the state is (e.g. ``application/json``), opaque to stratad.
+    content_type: str
+    #: A JSON object kept with the checkpoint (list_checkpoints filters on it).
+    metadata: dict[str, Any] | None
+    #: The checkpoint's ID (unique within the tenant); generated when empty.
+    checkpoint_id: str
+    #: Its parent; empty: the latest checkpoint of the namespace.
+    parent_checkpoint_id: str
+    namespace: str
+    #: Start a new line: no parent even when the namespace has checkpoints
+    #: (parent_checkpoint_id must then be empty).
+    no_parent: bool
 
 
 def save_request(
@@ -103,6 +133,7 @@ def save_request(
     checkpoint_id: str = "",
     parent_checkpoint_id: str = "",
     namespace: str = "",
+    no_parent: bool = False,
 ) -> checkpoint_pb2.SaveStateRequest:
     return checkpoint_pb2.SaveStateRequest(
         session_id=session_id,
@@ -113,17 +144,31 @@ def save_request(
         checkpoint_id=checkpoint_id,
         parent_checkpoint_id=parent_checkpoint_id,
         namespace=namespace,
+        no_parent=no_parent,
     )
 
 
+def save_states_request(
+    request: checkpoint_pb2.SaveStateRequest,
+) -> checkpoint_pb2.SaveStatesRequest:
+    """One save of a `save_states` stream."""
+    return checkpoint_pb2.SaveStatesRequest(request=request)
+
+
 def load_state_request(
-    session_id: str, checkpoint_id: str, namespace: str, *, include_writes: bool = False
+    session_id: str,
+    checkpoint_id: str,
+    namespace: str,
+    *,
+    include_writes: bool = False,
+    include_structured: bool = False,
 ) -> checkpoint_pb2.LoadStateRequest:
     return checkpoint_pb2.LoadStateRequest(
         session_id=session_id,
         checkpoint_id=checkpoint_id,
         namespace=namespace,
         include_writes=include_writes,
+        include_structured=include_structured,
     )
 
 
@@ -150,6 +195,7 @@ def list_checkpoints_request(
     before: str,
     page_size: int,
     page_token: str,
+    include_writes: bool = False,
 ) -> checkpoint_pb2.ListCheckpointsRequest:
     """One page of `list_checkpoints` (``namespace`` None: every namespace)."""
     request = checkpoint_pb2.ListCheckpointsRequest(
@@ -158,6 +204,7 @@ def list_checkpoints_request(
         page_token=page_token,
         metadata_filter=struct(metadata_filter),
         before=before,
+        include_writes=include_writes,
     )
     if namespace is not None:
         request.namespace = namespace

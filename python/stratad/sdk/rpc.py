@@ -12,15 +12,19 @@ class of its status code, with the reason and metadata of the
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from stratad.errors import ERROR_BY_STATUS, ERROR_DOMAIN, StratadError
+from stratad.errors import ERROR_BY_STATUS, ERROR_DOMAIN, StratadError, UnavailableError
+from stratad.sdk import diagnose
 
-__all__ = ["channel_options", "error_info", "to_error"]
+if TYPE_CHECKING:
+    from stratad.sdk.connection import TLSConfig
+
+__all__ = ["channel_options", "error_info", "not_ready_error", "to_error"]
 
 _RETRY_POLICY = {
     "methodConfig": [
@@ -92,3 +96,16 @@ def error_info(exc: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
         if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == ERROR_DOMAIN:
             return info
     return None
+
+
+def not_ready_error(address: str, tls: TLSConfig | None) -> StratadError:
+    """What `wait_ready` raises when the daemon did not accept a connection in
+    time: UnavailableError naming the setting to change when a TLS mismatch is
+    the cause (probes the address once, see stratad.sdk.diagnose), else a
+    StratadError saying no daemon is reachable."""
+    diagnosis = diagnose.diagnose_address(address, tls)
+    if diagnosis is not None:
+        return UnavailableError(
+            diagnosis.message, reason=diagnosis.reason, metadata={"address": address}
+        )
+    return StratadError(f"no stratad daemon reachable at {address}")

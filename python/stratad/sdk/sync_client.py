@@ -9,7 +9,7 @@ mapped by sdk/rpc.py, as for `AsyncClient`; see sdk/client.py for the whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 
 import grpc
 
@@ -22,10 +22,10 @@ from stratad.api.v1 import (
     session_pb2,
     session_pb2_grpc,
 )
-from stratad.errors import AlreadyExistsError, StratadError, UnavailableError
-from stratad.sdk import diagnose
+from stratad.errors import AlreadyExistsError, StratadError
 from stratad.sdk.connection import Connection, TLSConfig
 from stratad.sdk.messages import (
+    SaveOptions,
     copy_session_request,
     create_checkpoint_request,
     create_session_request,
@@ -35,12 +35,14 @@ from stratad.sdk.messages import (
     missing_chunks,
     prune_checkpoints_request,
     put_writes_request,
+    replace_structured_state_request,
     replan,
     save_request,
+    save_states_request,
     whole_request,
 )
 from stratad.sdk.native import NativeUnaryChannel
-from stratad.sdk.rpc import channel_options, to_error
+from stratad.sdk.rpc import channel_options, not_ready_error, to_error
 from stratad.sdk.upload import Uploader
 
 __all__ = ["Client"]
@@ -156,16 +158,13 @@ class Client:
             raise to_error(exc) from None
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until the daemon accepts connections."""
+        """Block until the daemon accepts connections; after ``timeout`` seconds
+        raise UnavailableError naming the setting to change when a TLS mismatch
+        is the cause, else StratadError."""
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            diagnosis = diagnose.diagnose_address(self.address, self.connection.tls)
-            if diagnosis is not None:  # a TLS mismatch: say which setting to change
-                raise UnavailableError(
-                    diagnosis.message, reason=diagnosis.reason, metadata={"address": self.address}
-                ) from None
-            raise StratadError(f"no stratad daemon reachable at {self.address}") from None
+            raise not_ready_error(self.address, self.connection.tls) from None
 
     # -- sessions ----------------------------------------------------------------
 
@@ -216,6 +215,20 @@ class Client:
         if self._uploader:
             self._uploader.forget_session(session_id)
 
+    def get_structured_state(self, session_id: str) -> session_pb2.GetStructuredStateResponse:
+        """The session's structured state (cognitive state, tasks, agent state) as one
+        JSON object keyed by facet (``structured_json``), and the version it was read at."""
+        request = session_pb2.GetStructuredStateRequest(session_id=session_id)
+        return self.call(self.sessions.GetStructuredState, request)  # type: ignore[no-any-return]
+
+    def replace_structured_state(
+        self, session_id: str, structured_json: bytes, *, expected_version: int = 0
+    ) -> session_pb2.ReplaceStructuredStateResponse:
+        """Replace the session's structured state as a whole with ``structured_json``
+        (a JSON object as `get_structured_state` returns it; ``b"{}"`` clears it)."""
+        request = replace_structured_state_request(session_id, structured_json, expected_version)
+        return self.call(self.sessions.ReplaceStructuredState, request)  # type: ignore[no-any-return]
+
     def watch_session(
         self, session_id: str, from_version: int = 0, timeout: float | None = None
     ) -> Iterator[session_pb2.SessionEvent]:
@@ -234,13 +247,20 @@ class Client:
     # -- state -------------------------------------------------------------------
 
     def save_state(
-        self, session_id: str, data: bytes, **options: Any
+        self,
+        session_id: str,
+        data: bytes,
+        *,
+        expected_version: int = 0,
+        **options: Unpack[SaveOptions],
     ) -> checkpoint_pb2.SaveStateResponse:
-        """Save `data` as a new checkpoint (options: content_type, metadata,
-        expected_version, checkpoint_id, parent_checkpoint_id, namespace)."""
+        """Save `data` as a new checkpoint, the session's head. Options
+        (`stratad.sdk.messages.SaveOptions`): content_type, metadata,
+        checkpoint_id, parent_checkpoint_id, namespace, no_parent."""
         # `data` stays out of the message unless it is sent whole: a chunked
         # upload would copy it in only to clear it again.
-        return self.save(save_request(session_id, b"", **options), data)
+        request = save_request(session_id, b"", expected_version=expected_version, **options)
+        return self.save(request, data)
 
     def save(
         self, request: checkpoint_pb2.SaveStateRequest, data: bytes | None = None
@@ -269,9 +289,25 @@ class Client:
         return self.call(self.checkpoints.SaveState, whole_request(request, data))  # type: ignore[no-any-return]
 
     def load_state(
-        self, session_id: str, checkpoint_id: str = "", namespace: str = ""
+        self,
+        session_id: str,
+        checkpoint_id: str = "",
+        namespace: str = "",
+        *,
+        include_writes: bool = False,
+        include_structured: bool = False,
     ) -> checkpoint_pb2.LoadStateResponse:
-        request = load_state_request(session_id, checkpoint_id, namespace)
+        """The latest state (of ``namespace``), or a given checkpoint's; with
+        ``include_writes`` its pending writes too (``.checkpoint.pending_writes``),
+        with ``include_structured`` the structured state captured with it
+        (``.structured_json``)."""
+        request = load_state_request(
+            session_id,
+            checkpoint_id,
+            namespace,
+            include_writes=include_writes,
+            include_structured=include_structured,
+        )
         return self.call(self.checkpoints.LoadState, request)  # type: ignore[no-any-return]
 
     def find_missing_chunks(self, digests: list[str]) -> list[str]:
@@ -284,9 +320,10 @@ class Client:
         data: bytes | None = None,
         *,
         expected_version: int = 0,
-        **options: Any,
+        **options: Unpack[SaveOptions],
     ) -> checkpoint_pb2.PauseExecutionResponse:
-        """Pause the session, first saving `data` as a checkpoint when given."""
+        """Pause the session, first saving `data` as a checkpoint when given (with
+        ``options`` as `save_state` takes them, and ``expected_version``)."""
         if data is not None:
             saved = self.save_state(session_id, data, expected_version=expected_version, **options)
             expected_version = 0
@@ -338,12 +375,14 @@ class Client:
         metadata_filter: dict[str, Any] | None = None,
         before: str = "",
         page_size: int = 100,
+        include_writes: bool = False,
     ) -> Iterator[checkpoint_pb2.Checkpoint]:
-        """Checkpoints newest first, following page tokens."""
+        """Checkpoints newest first, following page tokens; with ``include_writes``
+        each carries its pending writes."""
         token = ""
         while True:
             request = list_checkpoints_request(
-                session_id, namespace, metadata_filter, before, page_size, token
+                session_id, namespace, metadata_filter, before, page_size, token, include_writes
             )
             page = self.call(self.checkpoints.ListCheckpoints, request)
             yield from page.checkpoints
@@ -370,7 +409,7 @@ class Client:
     ) -> Iterator[checkpoint_pb2.SaveStatesResponse]:
         """Stream many saves; one response per request, in order (whole states)."""
         stream = self.checkpoints.SaveStates(
-            (checkpoint_pb2.SaveStatesRequest(request=r) for r in requests),
+            (save_states_request(r) for r in requests),
             timeout=timeout,
             metadata=self._metadata,
         )
@@ -390,6 +429,18 @@ class Client:
 
     def store_stats(self) -> admin_pb2.GetStoreStatsResponse:
         return self.call(self.admin.GetStoreStats, admin_pb2.GetStoreStatsRequest())  # type: ignore[no-any-return]
+
+    def replication_status(self) -> admin_pb2.GetReplicationStatusResponse:
+        """Replication to object storage: mode, backlog, lag (FailedPreconditionError
+        when the daemon does not replicate)."""
+        request = admin_pb2.GetReplicationStatusRequest()
+        return self.call(self.admin.GetReplicationStatus, request)  # type: ignore[no-any-return]
+
+    def restore_session_from_remote(self, session_id: str) -> session_pb2.Session:
+        """Replace the daemon's copy of a session with its history in object storage."""
+        request = admin_pb2.RestoreSessionFromRemoteRequest(session_id=session_id)
+        response = self.call(self.admin.RestoreSessionFromRemote, request, timeout=3600)
+        return response.session  # type: ignore[no-any-return]
 
     # -- pending writes, copy, prune, delete by metadata -----------------------------
 

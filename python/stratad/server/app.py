@@ -31,10 +31,10 @@ from stratad import __version__, tracing
 from stratad.config import Config
 from stratad.domain.lifecycle import Lifecycle
 from stratad.errors import UnavailableError
-from stratad.inspector import Inspector, start_inspector
 from stratad.server import reflection
 from stratad.server.auth import auth_interceptor
 from stratad.server.front import EdgeLimits, FrontDoor, MethodRecorder, start_front
+from stratad.server.inspector import Inspector, start_inspector
 from stratad.server.interceptors import CallObserver, ErrorInterceptor, RequestInterceptor
 from stratad.server.limits import LimitsInterceptor
 from stratad.server.metrics import Metrics

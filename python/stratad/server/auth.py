@@ -43,8 +43,8 @@ import grpc.aio
 from grpc_health.v1 import health_pb2
 
 from stratad.config import AuthMode, ConfigError
-from stratad.domain.ids import validate_id
 from stratad.errors import PermissionDeniedError, StratadError, UnauthenticatedError
+from stratad.ids import validate_id
 from stratad.server.front import peer_of
 from stratad.server.interceptors import HandlerCache, settle_tenant
 

@@ -162,7 +162,7 @@ def dumps(fields: dict[str, Any]) -> bytes:
     on every journaled call; what orjson refuses (integers beyond 64 bits,
     non-string keys, strings that are not valid UTF-8) goes to the standard
     library, which writes it as before. NaN and infinities never get here: the
-    API refuses them (server/servicers/values.py)."""
+    API refuses them (stratad/values.py)."""
     try:
         return orjson.dumps(fields)
     except orjson.JSONEncodeError:

@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from stratad.domain.ids import validate_id
 from stratad.errors import ResourceExhaustedError
+from stratad.ids import validate_id
 from stratad.store import journal as journal_mod
 from stratad.store.crypto import (
     TENANT_KEY_NAME,

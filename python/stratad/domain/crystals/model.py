@@ -47,7 +47,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stratad import native
+from stratad import crystal_format, native
 from stratad.errors import InvalidArgumentError
 
 DEFAULT_MAX_CRYSTALS = 200
@@ -63,7 +63,7 @@ MAX_ERROR_PATTERNS = 10
 #: GetCrystalStats counts crystals at least this effective as effective.
 EFFECTIVE_THRESHOLD = 0.5
 DEFAULT_TOP_K = 3
-MAX_TOP_K = 1000
+MAX_TOP_K = crystal_format.MAX_TOP_K
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 #: stratad's bounds for what the seed leaves unbounded.
@@ -214,26 +214,15 @@ def running_average(effectiveness: float, reuse_count: int, success: bool) -> fl
 
 
 def format_prompt(crystal: Crystal) -> str:
-    """The seed's ``apply`` output: a few-shot prompt in markdown.
-
-    Lines whose list is empty (Approach, Tools used, Known pitfalls) are left out;
-    a pitfall without a resolution is shown without the ``: resolution`` part.
-    """
-    lines = [
-        f"## Similar Past Success ({crystal.effectiveness:.0%} effective, "
-        f"used {crystal.reuse_count}x)",
-        f"Goal pattern: {crystal.goal_template}",
-    ]
-    if crystal.decision_chain:
-        lines.append(f"Approach: {' -> '.join(crystal.decision_chain)}")
-    if crystal.tool_sequence:
-        lines.append(f"Tools used: {', '.join(crystal.tool_sequence)}")
-    if crystal.error_patterns:
-        lines.append("Known pitfalls:")
-        for pattern in crystal.error_patterns:
-            suffix = f": {pattern.resolution}" if pattern.resolution else ""
-            lines.append(f"  - {pattern.error}{suffix}")
-    return "\n".join(lines)
+    """corteX's ``apply`` output for ``crystal`` (the format: `stratad.crystal_format`)."""
+    return crystal_format.format_prompt(
+        goal_template=crystal.goal_template,
+        decision_chain=crystal.decision_chain,
+        tool_sequence=crystal.tool_sequence,
+        error_patterns=((p.error, p.resolution) for p in crystal.error_patterns),
+        effectiveness=crystal.effectiveness,
+        reuse_count=crystal.reuse_count,
+    )
 
 
 def crystal_id_base(session_id: str, created_at: float) -> str:

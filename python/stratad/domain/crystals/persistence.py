@@ -31,9 +31,9 @@ from stratad.domain.crystals.codec import _Encoded, _records
 from stratad.domain.crystals.library import _Library
 from stratad.domain.crystals.merge import _apply_record, _counter_records, _stamp_of
 from stratad.domain.crystals.model import LibraryConfig
-from stratad.domain.ids import validate_id
 from stratad.domain.stamps import LEGACY
 from stratad.errors import DataLossError, StratadError
+from stratad.ids import validate_id
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Journal, Record
 from stratad.store.store import Store

@@ -50,9 +50,9 @@ from stratad.domain.crystals.model import (
     validate_trace,
 )
 from stratad.domain.crystals.persistence import _JournaledLibraries
-from stratad.domain.ids import validate_id
 from stratad.domain.stamps import LEGACY, is_legacy, legacy_key
 from stratad.errors import InvalidArgumentError, NotFoundError
+from stratad.ids import validate_id
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Record
 

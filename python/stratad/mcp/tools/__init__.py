@@ -4,7 +4,7 @@ what each one asks the daemon.
 Arguments are pydantic models (strict: a string is not an integer, unknown
 arguments are refused); their JSON schemas, with ``$ref``s inlined and
 pydantic's titles dropped, are what ``tools/list`` publishes. IDs are checked
-with the daemon's own rule (`stratad.domain.ids.validate_id`, reason
+with the daemon's own rule (`stratad.ids.validate_id`, reason
 ``INVALID_ID``) before anything is sent. A failure of any kind becomes a tool
 result with ``isError`` whose text starts with the gRPC code and the stratad
 reason (``NOT_FOUND SESSION_NOT_FOUND: ...``) and whose structured content

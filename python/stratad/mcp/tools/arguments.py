@@ -1,7 +1,7 @@
 """The tools' arguments: pydantic models, strict (a string is not an integer, unknown
 arguments are refused), with descriptions written for a model and the daemon's
 limits (text length, list items, integers a JSON double holds, IDs checked with
-the daemon's own rule, `stratad.domain.ids.validate_id`, reason ``INVALID_ID``)."""
+the daemon's own rule, `stratad.ids.validate_id`, reason ``INVALID_ID``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from stratad.domain.ids import validate_id
+from stratad.ids import validate_id
 
 #: What `[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}` IDs look like, for the schemas.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"

@@ -20,7 +20,7 @@ from stratad.mcp.tools.arguments import (
 from stratad.mcp.tools.base import READS, WRITES, Call, Output, Toolbox
 from stratad.mcp.tools.convert import check_state_size, checkpoint_dict, decode_state
 from stratad.sdk.client import check_depth, struct
-from stratad.server.servicers.values import struct_to_py
+from stratad.values import struct_to_py
 
 toolbox = Toolbox()
 tool = toolbox.tool

@@ -17,7 +17,7 @@ from stratad.api.v1 import checkpoint_pb2, cognitive_pb2, crystal_pb2
 from stratad.errors import InvalidArgumentError, ResourceExhaustedError
 from stratad.mcp.tools.base import Limits
 from stratad.sdk.client import check_depth
-from stratad.server.servicers.values import set_value, struct_to_py
+from stratad.values import set_value, struct_to_py
 
 
 def when(ts: timestamp_pb2.Timestamp) -> str | None:

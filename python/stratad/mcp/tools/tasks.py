@@ -9,7 +9,7 @@ from stratad.errors import InvalidArgumentError
 from stratad.mcp.tools.arguments import TaskUpdateArgs
 from stratad.mcp.tools.base import WRITES, Call, Output, Toolbox
 from stratad.mcp.tools.convert import json_value
-from stratad.server.servicers.values import to_py
+from stratad.values import to_py
 
 toolbox = Toolbox()
 tool = toolbox.tool

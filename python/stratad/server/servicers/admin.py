@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 
 from stratad.api.v1 import admin_pb2, admin_pb2_grpc
-from stratad.domain.ids import validate_id
 from stratad.domain.replication import Replicator
 from stratad.errors import FailedPreconditionError
+from stratad.ids import validate_id
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import session_to_pb
 

@@ -10,7 +10,7 @@ from stratad.api.v1 import agent_pb2, agent_pb2_grpc
 from stratad.domain.agent import Agents, should_continue
 from stratad.domain.structured import Applied
 from stratad.server.servicers.base import Servicer, tenant_of
-from stratad.server.servicers.values import set_value, struct_to_py, structs_to_py, to_py, to_struct
+from stratad.values import set_value, struct_to_py, structs_to_py, to_py, to_struct
 
 
 def state_to_pb(agent: dict[str, Any]) -> agent_pb2.AgentState:

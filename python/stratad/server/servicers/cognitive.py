@@ -11,7 +11,7 @@ from stratad.domain.cognitive import FLUID_FIELDS, RESOLVED, Cognitive
 from stratad.errors import InvalidArgumentError
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import timestamp
-from stratad.server.servicers.values import fill_struct, struct_to_py
+from stratad.values import fill_struct, struct_to_py
 
 _ERROR_STATUS = {
     "open": cognitive_pb2.ERROR_STATUS_OPEN,

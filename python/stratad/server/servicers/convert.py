@@ -11,7 +11,7 @@ from stratad.domain.checkpoints import LoadResult, SaveResult
 from stratad.domain.events import SessionEvent
 from stratad.domain.models import Checkpoint, SessionStatus
 from stratad.domain.sessions import SessionInfo
-from stratad.server.servicers.values import check_json
+from stratad.values import check_json
 
 _STATUS_TO_PB: dict[SessionStatus, common_pb2.SessionStatus.ValueType] = {
     SessionStatus.ACTIVE: common_pb2.SESSION_STATUS_ACTIVE,

@@ -11,7 +11,7 @@ from stratad.api.v1 import profile_pb2, profile_pb2_grpc
 from stratad.domain.profiles import Profiles
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import timestamp
-from stratad.server.servicers.values import set_value, to_py
+from stratad.values import set_value, to_py
 
 T = TypeVar("T")
 

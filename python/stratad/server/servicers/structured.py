@@ -19,7 +19,7 @@ from stratad.errors import InvalidArgumentError
 from stratad.server.servicers import agent as agent_servicer
 from stratad.server.servicers import cognitive as cognitive_servicer
 from stratad.server.servicers import task as task_servicer
-from stratad.server.servicers.values import to_value
+from stratad.values import to_value
 
 
 def check_servable(session_id: str, structured: dict[str, Any]) -> None:

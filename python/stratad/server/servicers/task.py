@@ -11,7 +11,7 @@ from stratad.domain.tasks import GlobalMode, Tasks, TaskStatus
 from stratad.errors import InvalidArgumentError
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import timestamp
-from stratad.server.servicers.values import set_value, to_py, to_value
+from stratad.values import set_value, to_py, to_value
 
 STATUS_TO_PB: dict[str, task_pb2.TaskStatus.ValueType] = {
     TaskStatus.PENDING: task_pb2.TASK_STATUS_PENDING,

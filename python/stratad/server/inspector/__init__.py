@@ -16,6 +16,6 @@ listed; times are ISO 8601 UTC. User guide: docs/inspector.md.
 
 from __future__ import annotations
 
-from stratad.inspector.server import Inspector, start_inspector
+from stratad.server.inspector.server import Inspector, start_inspector
 
 __all__ = ["Inspector", "start_inspector"]

@@ -43,9 +43,9 @@ from stratad.errors import (
     StratadError,
     UnauthenticatedError,
 )
-from stratad.inspector.http import HttpServer, Request, Response
-from stratad.inspector.reader import Reader
 from stratad.server.auth import IdentitiesFile, Identity, audit_log, token_digest
+from stratad.server.inspector.http import HttpServer, Request, Response
+from stratad.server.inspector.reader import Reader
 
 if TYPE_CHECKING:
     from stratad.server.resources import Resources
@@ -66,7 +66,7 @@ SECURITY_HEADERS: Final[Mapping[str, str]] = {
     "Cache-Control": "no-store",
 }
 
-#: URL path -> (file in stratad/inspector/static, content type). Nothing else is served.
+#: URL path -> (file in stratad/server/inspector/static, content type). Nothing else is served.
 STATIC_FILES: Final[Mapping[str, tuple[str, str]]] = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -87,7 +87,7 @@ _HTTP_STATUS: Final[Mapping[str, int]] = {
 
 def load_static() -> dict[str, tuple[bytes, str]]:
     """The page's files, read once from the installed package."""
-    folder = package_files.files("stratad.inspector") / "static"
+    folder = package_files.files("stratad.server.inspector") / "static"
     return {
         path: ((folder / name).read_bytes(), content_type)
         for path, (name, content_type) in STATIC_FILES.items()

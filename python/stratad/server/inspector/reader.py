@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from stratad.ctl import decode as state_decode
 from stratad.domain.crystals import Crystal
-from stratad.domain.ids import validate_id
 from stratad.domain.models import Checkpoint
 from stratad.domain.sessions import LiveSession
 from stratad.errors import (
@@ -48,7 +47,8 @@ from stratad.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from stratad.inspector import jsondiff
+from stratad.ids import validate_id
+from stratad.server.inspector import jsondiff
 
 if TYPE_CHECKING:
     from stratad.domain.engine import Engine

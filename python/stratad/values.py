@@ -1,4 +1,4 @@
-"""JSON values <-> google.protobuf.Value / Struct, for the structured-state servicers.
+"""JSON values <-> google.protobuf.Value / Struct, for every layer that speaks the API.
 
 JSON has one number type and google.protobuf.Value carries doubles, so an
 integral number within 2**53 comes back as a Python int (a task result
