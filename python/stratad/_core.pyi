@@ -16,10 +16,8 @@ __all__ = [
     "CrystalIndex",
     "Digester",
     "FrontCall",
-    "JaccardIndex",
     "NativeChannel",
     "NativeFront",
-    "PreparedChunk",
     "chunk_boundaries",
     "common_prefix_length",
     "compress",
@@ -27,7 +25,6 @@ __all__ = [
     "decode_frame",
     "decompress",
     "detect_entity_types",
-    "digest",
     "digest_hex",
     "encode_delta_frame",
     "encode_delta_frame_always",
@@ -35,10 +32,7 @@ __all__ = [
     "frame_delta_base",
     "frame_digest_hex",
     "generalize_goal",
-    "jaccard",
-    "prepare_chunks",
     "tokenize",
-    "top_k",
     "verify_frame",
     "with_delta_depth",
 ]
@@ -49,9 +43,6 @@ DEFAULT_MAX_CHUNK: int
 FRAME_HEADER_SIZE: int
 FORMAT_VERSION: int
 MAX_DELTA_DEPTH: int
-
-def digest(data: bytes) -> bytes:
-    """32-byte BLAKE3 digest of `data`."""
 
 def digest_hex(data: bytes) -> str:
     """Lowercase hex BLAKE3 digest of `data` (64 characters)."""
@@ -116,60 +107,14 @@ def decode_delta_frame(frame: bytes, base: bytes, max_size: int) -> bytes:
 def frame_delta_base(frame: bytes) -> tuple[str, int] | None:
     """(base digest hex, depth) of a delta frame; None for a plain frame."""
 
-@final
-class PreparedChunk:
-    """One chunk of a state, cut, digested and framed by `prepare_chunks`."""
-
-    @property
-    def digest(self) -> str:
-        """Lowercase hex BLAKE3 digest of the chunk."""
-    @property
-    def offset(self) -> int:
-        """Offset of the chunk in the input."""
-    @property
-    def length(self) -> int:
-        """Length of the chunk in bytes."""
-    @property
-    def frame(self) -> bytes:
-        """The chunk's object frame."""
-
-def prepare_chunks(
-    data: bytes,
-    level: int = 3,
-    min_size: int = 2048,
-    avg_size: int = 8192,
-    max_size: int = 32768,
-) -> list[PreparedChunk]:
-    """Cut `data` with FastCDC and digest and frame every chunk."""
-
 def tokenize(text: str) -> list[str]:
     """Keyword tokens of `text`, unique, in order of first appearance."""
-
-def jaccard(a: Sequence[str], b: Sequence[str]) -> float:
-    """Jaccard similarity of two token sets (0.0 when both are empty)."""
-
-def top_k(query: Sequence[str], corpus: Sequence[Sequence[str]], k: int) -> list[tuple[int, float]]:
-    """The best `k` entries of `corpus` for `query`, as (position, score)."""
 
 def generalize_goal(goal: str) -> str:
     """Goal with specific values replaced by placeholders."""
 
 def detect_entity_types(text: str) -> list[str]:
     """Entity types found in `text`, unique, in order of first appearance."""
-
-@final
-class JaccardIndex:
-    """An inverted-token index answering Jaccard top-k queries."""
-
-    def __new__(cls) -> JaccardIndex: ...
-    def add(self, key: int, tokens: Sequence[str]) -> None:
-        """Index `tokens` under `key`, replacing what `key` had."""
-    def remove(self, key: int) -> bool:
-        """Remove `key`; return whether it was indexed."""
-    def __len__(self) -> int: ...
-    def __contains__(self, key: object, /) -> bool: ...
-    def top_k(self, query_tokens: Sequence[str], k: int) -> list[tuple[int, float]]:
-        """The best `k` keys for `query_tokens`, as (key, score)."""
 
 @final
 class CrystalIndex:

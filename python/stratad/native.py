@@ -1,10 +1,10 @@
 """The native core of stratad: the only module that imports `stratad._core`.
 
 Everything else imports the hot paths (digests, chunking, zstd, object
-frames, Jaccard matching, goal generalization) and the native gRPC front
-door (`NativeFront`, used by server/front.py) and the SDK's native unary
-client (`NativeChannel`, used by sdk/native.py) from here. The contract is
-docs/native.md; the extension raises the exception classes of
+frames, the crystal index's Jaccard matching, goal generalization) and the
+native gRPC front door (`NativeFront`, used by server/front.py) and the SDK's
+native unary client (`NativeChannel`, used by sdk/native.py) from here. The
+contract is docs/native.md; the extension raises the exception classes of
 `stratad.errors`.
 """
 
@@ -22,10 +22,8 @@ from stratad._core import (
     CrystalIndex,
     Digester,
     FrontCall,
-    JaccardIndex,
     NativeChannel,
     NativeFront,
-    PreparedChunk,
     chunk_boundaries,
     common_prefix_length,
     compress,
@@ -33,7 +31,6 @@ from stratad._core import (
     decode_frame,
     decompress,
     detect_entity_types,
-    digest,
     digest_hex,
     encode_delta_frame,
     encode_delta_frame_always,
@@ -41,10 +38,7 @@ from stratad._core import (
     frame_delta_base,
     frame_digest_hex,
     generalize_goal,
-    jaccard,
-    prepare_chunks,
     tokenize,
-    top_k,
     verify_frame,
     with_delta_depth,
 )
@@ -59,10 +53,8 @@ __all__ = [
     "CrystalIndex",
     "Digester",
     "FrontCall",
-    "JaccardIndex",
     "NativeChannel",
     "NativeFront",
-    "PreparedChunk",
     "chunk_boundaries",
     "common_prefix_length",
     "compress",
@@ -70,7 +62,6 @@ __all__ = [
     "decode_frame",
     "decompress",
     "detect_entity_types",
-    "digest",
     "digest_hex",
     "encode_delta_frame",
     "encode_delta_frame_always",
@@ -79,10 +70,7 @@ __all__ = [
     "frame_digest_hex",
     "frame_length",
     "generalize_goal",
-    "jaccard",
-    "prepare_chunks",
     "tokenize",
-    "top_k",
     "verify_frame",
     "with_delta_depth",
 ]

@@ -16,7 +16,7 @@ import hashlib
 import math
 import re
 import string
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import blake3
@@ -326,28 +326,8 @@ def frame_digest_hex(frame: bytes) -> str:
     return parse_header(frame).digest.hex()
 
 
-@dataclass(frozen=True)
-class PreparedChunk:
-    digest: str
-    offset: int
-    length: int
-    frame: bytes
-
-
-def prepare_chunks(
-    data: bytes, level: int, min_size: int, avg_size: int, max_size: int
-) -> list[PreparedChunk]:
-    """Cut, digest and frame every chunk."""
-    check_level(level)
-    out = []
-    for offset, length in chunk_boundaries(data, min_size, avg_size, max_size):
-        piece = data[offset : offset + length]
-        out.append(PreparedChunk(digest_hex(piece), offset, length, encode_frame(piece, level)))
-    return out
-
-
 # --------------------------------------------------------------------------
-# Tokens and Jaccard similarity
+# Tokens and the crystal index
 # --------------------------------------------------------------------------
 
 # Only A-Z: str.lower() would also map non-ASCII letters (the Kelvin sign to
@@ -361,66 +341,10 @@ def tokenize(text: str) -> list[str]:
     return list(dict.fromkeys(_TOKEN.findall(text.translate(_ASCII_LOWER))))
 
 
-def jaccard(a: Iterable[str], b: Iterable[str]) -> float:
-    """|A & B| / |A | B| of the token sets; 0.0 when both are empty."""
-    return _jaccard_sets(set(a), set(b))
-
-
 def _jaccard_sets(a: set[str] | frozenset[str], b: set[str] | frozenset[str]) -> float:
     inter = len(a & b)
     union = len(a) + len(b) - inter
     return inter / union if union else 0.0
-
-
-def _ranked(scores: Iterable[tuple[int, float]], k: int) -> list[tuple[int, float]]:
-    if k < 0:
-        raise InvalidArgumentError("k must be >= 0")
-    hits = [(key, score) for key, score in scores if score > 0]
-    hits.sort(key=lambda hit: (-hit[1], hit[0]))
-    return hits[:k]
-
-
-def top_k(query: Sequence[str], corpus: Sequence[Sequence[str]], k: int) -> list[tuple[int, float]]:
-    """Best k positions of corpus by Jaccard score (> 0), score desc then position asc."""
-    q = set(query)
-    return _ranked(((i, _jaccard_sets(q, set(doc))) for i, doc in enumerate(corpus)), k)
-
-
-class JaccardIndex:
-    """Dict-based reference of the native inverted-token index."""
-
-    def __init__(self) -> None:
-        self._docs: dict[int, frozenset[str]] = {}
-        self._postings: dict[str, set[int]] = {}
-
-    def add(self, key: int, tokens: Iterable[str]) -> None:
-        self.remove(key)  # adding an existing key replaces its tokens
-        doc = frozenset(tokens)
-        self._docs[key] = doc
-        for token in doc:
-            self._postings.setdefault(token, set()).add(key)
-
-    def remove(self, key: int) -> bool:
-        doc = self._docs.pop(key, None)
-        if doc is None:
-            return False
-        for token in doc:
-            keys = self._postings[token]
-            keys.discard(key)
-            if not keys:
-                del self._postings[token]
-        return True
-
-    def __len__(self) -> int:
-        return len(self._docs)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._docs
-
-    def top_k(self, query_tokens: Iterable[str], k: int) -> list[tuple[int, float]]:
-        q = set(query_tokens)
-        candidates = set().union(*(self._postings.get(t, ()) for t in q))
-        return _ranked(((key, _jaccard_sets(q, self._docs[key])) for key in candidates), k)
 
 
 class CrystalIndex:

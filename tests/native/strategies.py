@@ -58,7 +58,3 @@ goal_text = st.lists(
 ).map("".join)
 
 any_text = st.one_of(goal_text, st.text(max_size=60))
-
-# A small vocabulary so that token sets overlap and scores tie.
-_VOCAB = ("deploy", "app", "{file_path}", "{n}", "test", "run", "fix", "bug", "api", "x", "y", "z")
-token_lists = st.lists(st.sampled_from(_VOCAB), max_size=8)

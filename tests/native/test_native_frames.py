@@ -1,4 +1,4 @@
-"""zstd, object frames and prepare_chunks: native == reference.
+"""zstd and object frames: native == reference.
 
 zstd output bytes may differ between the `zstandard` package and the Rust
 `zstd` crate, so payloads are compared by round trips and cross-decoding
@@ -14,7 +14,7 @@ import reference as ref
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import chunk_sizes, json_bytes, payloads
+from strategies import json_bytes, payloads
 
 from stratad.errors import CorruptObjectError, DecompressionLimitError, InvalidArgumentError
 
@@ -81,8 +81,6 @@ def test_bad_level(level: int) -> None:
         native.compress(b"abc" * 100, level)
     with pytest.raises(InvalidArgumentError):
         native.encode_frame(b"abc" * 100, level)
-    with pytest.raises(InvalidArgumentError):
-        native.prepare_chunks(b"abc" * 100, level)
 
 
 def test_extreme_levels_accepted() -> None:
@@ -232,35 +230,3 @@ def test_huge_declared_length_is_a_limit_not_an_allocation() -> None:
     frame = _reheader(native.encode_frame(b"x" * 100), length=(1 << 64) - 1)
     with pytest.raises(DecompressionLimitError):
         native.decode_frame(frame, 1 << 30)
-
-
-# -- prepare_chunks -----------------------------------------------------------
-
-
-@settings(max_examples=60, deadline=None)
-@given(payloads, chunk_sizes(), st.integers(1, 9))
-def test_prepare_chunks(data: bytes, sizes: tuple[int, int, int], level: int) -> None:
-    min_size, avg_size, max_size = sizes
-    got = native.prepare_chunks(
-        data, level, min_size=min_size, avg_size=avg_size, max_size=max_size
-    )
-    want = ref.prepare_chunks(data, level, *sizes)
-    assert [(c.offset, c.length, c.digest) for c in got] == [
-        (c.offset, c.length, c.digest) for c in want
-    ]
-    for chunk, expected in zip(got, want, strict=True):
-        piece = data[chunk.offset : chunk.offset + chunk.length]
-        assert chunk.digest == ref.digest_hex(piece)
-        assert chunk.frame[:H] == expected.frame[:H]
-        assert native.decode_frame(chunk.frame, chunk.length) == piece
-        assert ref.decode_frame(chunk.frame, chunk.length) == piece
-
-
-def test_prepare_chunks_defaults() -> None:
-    data = b"".join(b"line %d of a moderately repetitive log\n" % i for i in range(40_000))
-    got = native.prepare_chunks(data)
-    defaults = (native.DEFAULT_MIN_CHUNK, native.DEFAULT_AVG_CHUNK, native.DEFAULT_MAX_CHUNK)
-    assert [(c.offset, c.length) for c in got] == native.chunk_boundaries(data)
-    assert [(c.offset, c.length) for c in got] == ref.chunk_boundaries(data, *defaults)
-    assert b"".join(native.decode_frame(c.frame, c.length) for c in got) == data
-    assert native.prepare_chunks(b"") == []

@@ -1,7 +1,7 @@
 //! Goal generalization and entity detection for crystals.
 //!
-//! A crystal stores a goal *template*: "Deploy src/app.py to
-//! https://prod.example.com" becomes "Deploy {file_path} to {url}" so that it
+//! A crystal stores a goal *template*: `Deploy src/app.py to
+//! https://prod.example.com` becomes `Deploy {file_path} to {url}` so that it
 //! matches later goals with other values. The five rules of docs/native.md
 //! run in order, each on the text between placeholders only, so a rule never
 //! rewrites what an earlier rule (or the user) already generalized. The

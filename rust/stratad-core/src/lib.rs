@@ -12,7 +12,6 @@ pub mod digest;
 pub mod error;
 pub mod frame;
 pub mod generalize;
-pub mod pipeline;
 pub mod similarity;
 
 pub use chunking::{chunk_boundaries, DEFAULT_AVG_CHUNK, DEFAULT_MAX_CHUNK, DEFAULT_MIN_CHUNK};
@@ -27,5 +26,4 @@ pub use frame::{
     decode_frame, encode_frame, frame_digest, verify_frame, FORMAT_VERSION, FRAME_HEADER_SIZE,
 };
 pub use generalize::{detect_entity_types, generalize_goal};
-pub use pipeline::{prepare_chunks, PreparedChunk};
-pub use similarity::{jaccard, tokenize, top_k, JaccardIndex};
+pub use similarity::tokenize;

@@ -138,7 +138,7 @@ impl UnaryClient {
             .unwrap_or_else(|| UnaryReply::failed(Code::Cancelled, "interrupted"))
     }
 
-    /// [`call`](Self::call), asking `interrupted` every [`INTERRUPT_CHECK`]
+    /// [`call`](Self::call), asking `interrupted` every `INTERRUPT_CHECK` (50 ms)
     /// while it waits: when it answers true the call is abandoned (its
     /// stream reset, as a cancelled grpc call is) and None returned. The
     /// Python binding checks for signals there, so Ctrl-C does not wait for

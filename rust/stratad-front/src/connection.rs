@@ -2,9 +2,8 @@
 //! settings, and when it is closed (idle, shutdown).
 
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -12,10 +11,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::activity::Activity;
 use crate::answers::ConnectionAnswers;
 use crate::call::Peer;
 use crate::rpc;
-use crate::server::Shared;
+use crate::shared::OpenConnection;
 
 /// HTTP/2 flow-control windows: a client may send this much on one call, and
 /// on all its calls together, before the daemon has read it.
@@ -34,22 +34,6 @@ const GOAWAY_GRACE: Duration = Duration::from_secs(10);
 /// this, a call gets RESOURCE_EXHAUSTED from rpc.rs (a gRPC status clients
 /// understand); above this h2 answers HTTP 431 before a call exists.
 pub(crate) const HEADER_LIST_HARD_LIMIT: u32 = 256 << 10;
-
-/// Counts a connection as open until it is dropped.
-pub(crate) struct OpenConnection(pub Arc<Shared>);
-
-impl OpenConnection {
-    pub fn count(shared: &Arc<Shared>) -> OpenConnection {
-        shared.connections.fetch_add(1, Ordering::AcqRel);
-        OpenConnection(shared.clone())
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 /// Serve a connection just accepted: after its TLS handshake if TLS is on,
 /// else once its HTTP/2 preface arrived (either failing or taking longer
@@ -200,48 +184,4 @@ pub(crate) async fn serve_connection<IO>(
         }
     }
     drop(open);
-}
-
-/// A connection's calls in progress, and since when it has had none.
-#[derive(Default)]
-struct Activity {
-    state: Mutex<(usize, Option<Instant>)>,
-}
-
-impl Activity {
-    /// A call began: it keeps the connection busy until the guard drops.
-    fn begin(self: &Arc<Self>) -> Busy {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.0 += 1;
-        Busy(self.clone())
-    }
-
-    /// Resolves once the connection has had no call for `timeout`.
-    async fn idle_for(&self, timeout: Duration) {
-        loop {
-            let wake = {
-                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                match *state {
-                    (0, Some(since)) if since.elapsed() >= timeout => return,
-                    (0, Some(since)) => since + timeout,
-                    (0, None) => *state.1.insert(Instant::now()) + timeout,
-                    _ => Instant::now() + timeout,
-                }
-            };
-            tokio::time::sleep_until(wake.into()).await;
-        }
-    }
-}
-
-/// Held by a call until its answer is over.
-pub(crate) struct Busy(Arc<Activity>);
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.0 -= 1;
-        if state.0 == 0 {
-            state.1 = Some(Instant::now());
-        }
-    }
 }

@@ -19,6 +19,7 @@
 //! protobuf, decoded by the daemon, so there is one definition of every
 //! message and one place (the daemon) where requests are checked.
 
+mod activity;
 mod answers;
 mod call;
 mod client;
@@ -26,12 +27,14 @@ mod connection;
 mod grpc;
 mod rpc;
 mod server;
+mod shared;
 mod status;
 mod tls;
 mod unix;
 
 pub use call::{CallHandle, Event, EventKind, EventQueue, Peer};
 pub use client::{Target, UnaryClient, UnaryReply};
-pub use server::{EdgeLimits, Front, FrontConfig};
+pub use server::{Front, FrontConfig};
+pub use shared::EdgeLimits;
 pub use status::{Code, MetadataValue};
 pub use tls::TlsFiles;

@@ -17,13 +17,14 @@ use hyper::body::Incoming;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Sleep;
 
+use crate::activity::Busy;
 use crate::answers::{CallAnswers, ConnectionAnswers, STREAM_ANSWER_WINDOW};
 use crate::call::{CallHandle, Event, EventKind, EventQueue, Out, Peer};
-use crate::connection::Busy;
 use crate::grpc::{self, Encoding, MessageReader};
-use crate::server::{BoxError, Shared};
+use crate::shared::Shared;
 use crate::status::{Code, MetadataValue, Status};
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ResponseBody = BoxBody<Bytes, BoxError>;
 
 /// Serve one HTTP/2 request: a gRPC call of a known method, or a status

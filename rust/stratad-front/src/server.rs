@@ -1,7 +1,6 @@
 //! The HTTP/2 server: binds the listeners, accepts connections and serves
 //! every call on them through the event queue (rpc.rs).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,11 +11,10 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::answers::AnswerBudget;
 use crate::call::EventQueue;
-use crate::connection::{serve_accepted, OpenConnection};
+use crate::connection::serve_accepted;
+use crate::shared::{EdgeLimits, OpenConnection, Shared};
 use crate::tls::{Certificates, TlsFiles};
 use crate::unix::serve_unix;
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub struct FrontConfig {
     /// Where to listen: `host:port` (port 0: any free port) or `unix:PATH`
@@ -35,37 +33,6 @@ pub struct FrontConfig {
     pub max_concurrent_calls: usize,
     pub limits: EdgeLimits,
     pub worker_threads: usize,
-}
-
-/// What one client may hold of the front door (docs/security.md lists them).
-#[derive(Debug, Clone)]
-pub struct EdgeLimits {
-    /// Open client connections; one more is closed at once (0: no limit).
-    pub max_connections: usize,
-    /// Concurrent streams (calls) one connection may open (HTTP/2 SETTINGS).
-    pub max_streams_per_connection: u32,
-    /// A connection with no call for this long is closed (GOAWAY).
-    pub idle_timeout: Duration,
-    /// Largest header list (metadata) of a call: RESOURCE_EXHAUSTED above.
-    pub max_header_bytes: usize,
-    /// Answer bytes not yet read by their clients (answers.rs; 0: no limit).
-    pub max_answer_bytes: usize,
-}
-
-/// What every connection's calls share.
-pub(crate) struct Shared {
-    /// Method path -> its requests are a stream.
-    pub methods: HashMap<String, bool>,
-    pub queue: Arc<EventQueue>,
-    pub max_message_bytes: usize,
-    /// One permit per call in progress, `max_concurrent_calls` of them (None: no limit).
-    pub slots: Option<Arc<Semaphore>>,
-    pub limits: EdgeLimits,
-    /// Open client connections: shutdown waits for them to finish their calls.
-    pub connections: AtomicUsize,
-    pub next_id: AtomicU64,
-    pub tls: Option<Certificates>,
-    pub answers: Arc<AnswerBudget>,
 }
 
 /// A running front door. Dropping it stops it (without draining).

@@ -27,9 +27,9 @@ use tokio::sync::watch;
 
 use crate::call::Peer;
 use crate::connection::{
-    goaway_not_http2, serve_connection, OpenConnection, HANDSHAKE_TIMEOUT, HEADER_LIST_HARD_LIMIT,
-    PREFACE,
+    goaway_not_http2, serve_connection, HANDSHAKE_TIMEOUT, HEADER_LIST_HARD_LIMIT, PREFACE,
 };
+use crate::shared::OpenConnection;
 
 const FRAME_HEADER: usize = 9;
 const HEADERS: u8 = 0x1;

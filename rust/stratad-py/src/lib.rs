@@ -3,7 +3,7 @@
 //! This crate only converts types, releases the GIL around work on inputs
 //! larger than 4 KiB (so that both cores work while the asyncio loop runs
 //! other calls), and maps the core's errors to the exception classes of
-//! `stratad.errors` in one place ([`to_pyerr`]). All logic, and its tests,
+//! `stratad.errors` in one place (`to_pyerr`). All logic, and its tests,
 //! live in `stratad-core`; `python/stratad/native.py` is the only Python
 //! module that imports this one, and `python/stratad/_core.pyi` describes it.
 
@@ -129,18 +129,6 @@ impl Int {
     fn level(self, py: Python<'_>) -> PyResult<i32> {
         i32::try_from(self.0).map_err(|_| invalid(py, "compression level is out of range"))
     }
-
-    /// An index key: a signed 64-bit int.
-    fn key(self, py: Python<'_>) -> PyResult<i64> {
-        i64::try_from(self.0).map_err(|_| invalid(py, "keys must fit in a signed 64-bit int"))
-    }
-}
-
-/// 32-byte BLAKE3 digest of `data`.
-#[pyfunction]
-fn digest<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
-    let digest = run(py, data.len(), || core::digest(data));
-    PyBytes::new(py, &digest)
 }
 
 /// Lowercase hex BLAKE3 digest of `data` (64 characters).
@@ -366,89 +354,10 @@ fn frame_delta_base(py: Python<'_>, frame: &[u8]) -> PyResult<Option<(String, u8
     Ok(base.map(|(digest, depth)| (core::to_hex(&digest), depth)))
 }
 
-/// One chunk of a state, cut, digested and framed by `prepare_chunks`.
-#[pyclass(frozen, module = "stratad._core")]
-struct PreparedChunk {
-    /// Lowercase hex BLAKE3 digest of the chunk.
-    #[pyo3(get)]
-    digest: String,
-    /// Offset of the chunk in the input.
-    #[pyo3(get)]
-    offset: usize,
-    /// Length of the chunk in bytes.
-    #[pyo3(get)]
-    length: usize,
-    /// The chunk's object frame.
-    #[pyo3(get)]
-    frame: Py<PyBytes>,
-}
-
-#[pymethods]
-impl PreparedChunk {
-    fn __repr__(&self) -> String {
-        format!(
-            "PreparedChunk(digest='{}', offset={}, length={})",
-            self.digest, self.offset, self.length
-        )
-    }
-}
-
-/// Cuts `data` with FastCDC and digests and frames every chunk.
-#[pyfunction]
-#[pyo3(
-    signature = (data, level = Int(3), min_size = Int(core::DEFAULT_MIN_CHUNK as i128), avg_size = Int(core::DEFAULT_AVG_CHUNK as i128), max_size = Int(core::DEFAULT_MAX_CHUNK as i128)),
-    text_signature = "(data, level=3, min_size=2048, avg_size=8192, max_size=32768)"
-)]
-fn prepare_chunks(
-    py: Python<'_>,
-    data: &[u8],
-    level: Int,
-    min_size: Int,
-    avg_size: Int,
-    max_size: Int,
-) -> PyResult<Vec<PreparedChunk>> {
-    let level = level.level(py)?;
-    let (min, avg, max) = (
-        min_size.size(py, "min_size")?,
-        avg_size.size(py, "avg_size")?,
-        max_size.size(py, "max_size")?,
-    );
-    let result = run(py, data.len(), || {
-        core::prepare_chunks(data, level, min, avg, max)
-    });
-    Ok(check(py, result)?
-        .into_iter()
-        .map(|chunk| PreparedChunk {
-            digest: core::to_hex(&chunk.digest),
-            offset: chunk.offset,
-            length: chunk.length,
-            frame: PyBytes::new(py, &chunk.frame).unbind(),
-        })
-        .collect())
-}
-
 /// Keyword tokens of `text`, unique, in order of first appearance.
 #[pyfunction]
 fn tokenize(py: Python<'_>, text: &str) -> Vec<String> {
     run(py, text.len(), || core::tokenize(text))
-}
-
-/// Jaccard similarity of two token sets (0.0 when both are empty).
-#[pyfunction]
-fn jaccard(a: Vec<String>, b: Vec<String>) -> f64 {
-    core::jaccard(&a, &b)
-}
-
-/// The best `k` entries of `corpus` for `query`, as (position, score).
-#[pyfunction]
-fn top_k(
-    py: Python<'_>,
-    query: Vec<String>,
-    corpus: Vec<Vec<String>>,
-    k: Int,
-) -> PyResult<Vec<(usize, f64)>> {
-    let k = k.count(py, "k")?;
-    Ok(run(py, corpus.len(), || core::top_k(&query, &corpus, k)))
 }
 
 /// Goal with specific values replaced by placeholders.
@@ -463,92 +372,12 @@ fn detect_entity_types(py: Python<'_>, text: &str) -> Vec<String> {
     run(py, text.len(), || core::detect_entity_types(text))
 }
 
-/// An inverted-token index answering Jaccard top-k queries.
-///
-/// Safe to share between threads: queries on a large index run with the
-/// GIL released under a read lock; changes take the write lock.
-#[pyclass(frozen, module = "stratad._core")]
-struct JaccardIndex {
-    inner: RwLock<core::JaccardIndex>,
-}
-
-#[pymethods]
-impl JaccardIndex {
-    #[new]
-    fn new() -> Self {
-        Self {
-            inner: RwLock::new(core::JaccardIndex::new()),
-        }
-    }
-
-    /// Indexes `tokens` under `key`, replacing what `key` had.
-    fn add(&self, py: Python<'_>, key: Int, tokens: Vec<String>) -> PyResult<()> {
-        let key = key.key(py)?;
-        self.inner
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .add(key, &tokens);
-        Ok(())
-    }
-
-    /// Removes `key`; returns whether it was indexed.
-    fn remove(&self, key: &Bound<'_, PyAny>) -> bool {
-        match key.extract::<i64>() {
-            Ok(key) => self
-                .inner
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(key),
-            Err(_) => false,
-        }
-    }
-
-    fn __len__(&self) -> usize {
-        self.inner
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
-    fn __contains__(&self, key: &Bound<'_, PyAny>) -> bool {
-        match key.extract::<i64>() {
-            Ok(key) => self
-                .inner
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains(key),
-            Err(_) => false,
-        }
-    }
-
-    /// The best `k` keys for `query_tokens`, as (key, score).
-    fn top_k(
-        &self,
-        py: Python<'_>,
-        query_tokens: Vec<String>,
-        k: Int,
-    ) -> PyResult<Vec<(i64, f64)>> {
-        let k = k.count(py, "k")?;
-        let size = self.__len__();
-        Ok(run(py, size, || {
-            self.inner
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .top_k(&query_tokens, k)
-        }))
-    }
-
-    fn __repr__(&self) -> String {
-        format!("JaccardIndex(<{} entries>)", self.__len__())
-    }
-}
-
 /// A crystal library's search structure (see docs/native.md): goal-token
 /// inverted index, tool sets, effectiveness-boosted top-k, the novelty check
 /// and the eviction order.
 ///
-/// Safe to share between threads like `JaccardIndex`: searches on a large
-/// index run with the GIL released under a read lock.
+/// Safe to share between threads: searches on a large index run with the GIL
+/// released under a read lock; changes take the write lock.
 #[pyclass(frozen, module = "stratad._core")]
 struct CrystalIndex {
     inner: RwLock<core::similarity::CrystalIndex>,
@@ -701,14 +530,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FRAME_HEADER_SIZE", core::FRAME_HEADER_SIZE)?;
     m.add("FORMAT_VERSION", core::FORMAT_VERSION)?;
     m.add("MAX_DELTA_DEPTH", core::MAX_DELTA_DEPTH)?;
-    m.add_class::<PreparedChunk>()?;
     m.add_class::<Digester>()?;
-    m.add_class::<JaccardIndex>()?;
     m.add_class::<CrystalIndex>()?;
     m.add_class::<front::NativeFront>()?;
     m.add_class::<front::FrontCall>()?;
     m.add_class::<client::NativeChannel>()?;
-    m.add_function(wrap_pyfunction!(digest, m)?)?;
     m.add_function(wrap_pyfunction!(digest_hex, m)?)?;
     m.add_function(wrap_pyfunction!(common_prefix_length, m)?)?;
     m.add_function(wrap_pyfunction!(chunk_boundaries, m)?)?;
@@ -723,10 +549,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(with_delta_depth, m)?)?;
     m.add_function(wrap_pyfunction!(decode_delta_frame, m)?)?;
     m.add_function(wrap_pyfunction!(frame_delta_base, m)?)?;
-    m.add_function(wrap_pyfunction!(prepare_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(tokenize, m)?)?;
-    m.add_function(wrap_pyfunction!(jaccard, m)?)?;
-    m.add_function(wrap_pyfunction!(top_k, m)?)?;
     m.add_function(wrap_pyfunction!(generalize_goal, m)?)?;
     m.add_function(wrap_pyfunction!(detect_entity_types, m)?)?;
     Ok(())

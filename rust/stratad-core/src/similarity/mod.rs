@@ -1,4 +1,4 @@
-//! Keyword tokens, Jaccard similarity and top-k matching.
+//! Keyword tokens and the crystal library's Jaccard top-k matching.
 //!
 //! Crystals are matched to a new goal by the Jaccard similarity of their
 //! keyword sets. The library of crystals must scale to a million entries, so
@@ -7,8 +7,6 @@
 //! least one token with it, never the whole library.
 //!
 //! - `tokens.rs`: [`tokenize`], goal text to keyword tokens.
-//! - `jaccard.rs`: Jaccard similarity of two token sets ([`jaccard()`]) and
-//!   top-k over plain token sets ([`top_k`] over a list, [`JaccardIndex`]).
 //! - `crystal.rs`: [`CrystalIndex`], a crystal library's entries and posting
 //!   lists, and what changes them (add, update, remove, evict, totals).
 //! - `search.rs`: its searches, [`CrystalIndex::top_k`] and
@@ -20,7 +18,6 @@
 mod counts;
 mod crystal;
 mod eviction;
-mod jaccard;
 mod search;
 mod tokens;
 
@@ -30,6 +27,5 @@ mod testing;
 mod tests;
 
 pub use crystal::{CrystalIndex, CrystalStats, DEFAULT_SKIP_MIN_POSTINGS};
-pub use jaccard::{jaccard, top_k, JaccardIndex};
 pub use search::{effectiveness_boost, CrystalMatch, SimilarCrystal};
 pub use tokens::tokenize;

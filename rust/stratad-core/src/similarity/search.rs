@@ -466,8 +466,7 @@ impl CrystalIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::similarity::jaccard::jaccard;
-    use crate::similarity::testing::toks;
+    use crate::similarity::testing::{jaccard, toks};
 
     #[test]
     fn crystal_index_thresholds_are_strict() {

@@ -1,8 +1,24 @@
-//! Test helpers shared by the similarity tests: token lists from words and
-//! a tiny deterministic generator.
+//! Test helpers shared by the similarity tests: token lists from words, a
+//! brute-force Jaccard similarity for models to hold the index to, and a
+//! tiny deterministic generator.
+
+use std::collections::HashSet;
 
 pub(super) fn toks(words: &str) -> Vec<String> {
     words.split_whitespace().map(str::to_owned).collect()
+}
+
+/// `|A ∩ B| / |A ∪ B|` of the two token sets; `0.0` when both are empty.
+pub(super) fn jaccard<S: AsRef<str>>(a: &[S], b: &[S]) -> f64 {
+    let a: HashSet<&str> = a.iter().map(AsRef::as_ref).collect();
+    let b: HashSet<&str> = b.iter().map(AsRef::as_ref).collect();
+    let intersection = a.intersection(&b).count();
+    let union = a.len() + b.len() - intersection;
+    if union == 0 {
+        0.0
+    } else {
+        intersection as f64 / union as f64
+    }
 }
 
 /// A tiny deterministic generator for the randomized comparisons.
@@ -23,4 +39,17 @@ impl Lcg {
             .map(|_| format!("t{}", self.next(vocabulary)))
             .collect()
     }
+}
+
+#[test]
+fn jaccard_values() {
+    assert_eq!(jaccard::<&str>(&[], &[]), 0.0);
+    assert_eq!(jaccard(&["a"], &[]), 0.0);
+    assert_eq!(jaccard(&["a", "b"], &["a", "b"]), 1.0);
+    assert_eq!(jaccard(&["a", "b"], &["b", "c"]), 1.0 / 3.0);
+    assert_eq!(jaccard(&["a", "a", "b"], &["b", "b"]), 0.5);
+    assert_eq!(
+        jaccard(&["a", "b", "c", "d", "e", "f", "g"], &["a", "x", "y"]),
+        1.0 / 9.0
+    );
 }

@@ -2,8 +2,7 @@
 //! searching and evicting at once) against a brute-force model of the
 //! library.
 
-use super::jaccard::jaccard;
-use super::testing::{toks, Lcg};
+use super::testing::{jaccard, toks, Lcg};
 use super::{
     effectiveness_boost, CrystalIndex, CrystalMatch, SimilarCrystal, DEFAULT_SKIP_MIN_POSTINGS,
 };
