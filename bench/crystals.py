@@ -5,10 +5,10 @@
 
 For each library size:
 
-- the pure-Python reference: a straightforward implementation of seed 001
-  (a list of crystals, each with its goal-template word set computed once;
-  query and novelty scan every crystal), generalizing and tokenizing with the
-  pure-Python reference in tests/native/reference.py;
+- the pure-Python reference: a straightforward implementation of corteX's
+  MemoryCrystallizer (a list of crystals, each with its goal-template word set
+  computed once; query and novelty scan every crystal), generalizing and
+  tokenizing with the pure-Python reference in tests/native/reference.py;
 - stratad in process (`stratad.domain.crystals`, the Rust index), durability
   "none" so that the numbers are CPU, not fsync;
 - stratad through gRPC: a real daemon (`stratad serve`, default fsync
@@ -152,7 +152,7 @@ def trace_steps(trace: Sequence[dict[str, str]]) -> list[dc.TraceStep]:
     ]
 
 
-# -- the pure-Python reference (seed 001, straightforward) -----------------------------
+# -- the pure-Python reference (corteX's MemoryCrystallizer, straightforward) ----------
 
 
 @dataclass(slots=True)
@@ -177,7 +177,7 @@ def _jaccard(a: frozenset[str] | set[str], b: frozenset[str] | set[str]) -> floa
 
 
 class RefCrystallizer:
-    """Seed 001 as one would write it in Python: a list, scanned by every call."""
+    """corteX's MemoryCrystallizer as one would write it in Python: a list scanned by each call."""
 
     def __init__(self, max_crystals: int = 200, min_success_score: float = 0.7) -> None:
         self.max_crystals = max_crystals

@@ -1,8 +1,8 @@
 """Who should serve gRPC: grpc.aio, a second Python process per core, or the native front door?
 
-Issue #13 asked for this comparison before choosing how to get past Python
-gRPC's own cost. One run measures, with the same 16-client unary load
-(bench/checkpoints.py's (b): 8 KB states, one call in flight per client):
+The comparison behind the choice of how to get past Python gRPC's own cost.
+One run measures, with the same 16-client unary load (bench/checkpoints.py's
+(b): 8 KB states, one call in flight per client):
 
 - the bare grpc.aio echo server, one process (the "transport ceiling" the
   other benchmarks compare with);

@@ -1,4 +1,4 @@
-"""Disk bytes of the growing conversation's session journal (issue #13), in-process.
+"""Disk bytes of the growing conversation's session journal, in-process.
 
 For each step count: a fresh Engine (fsync durability, default thresholds),
 one session, every state of bench/_workload's conversation saved in order,

@@ -1,10 +1,11 @@
 """Identifier rules shared by every service.
 
 docs/design.md (API contract) allows `[A-Za-z0-9][A-Za-z0-9._:-]{0,127}`. stratad also
-accepts `_` after the first character, because the seeds' own examples use it
-(`session_123`, `sess_001`, `crystal_{session_id}_{timestamp}`) and must run
-unchanged; every ID the design allows is still allowed. No ID can contain a
-path separator or start with a dot, so an ID is always safe as a file name.
+accepts `_` after the first character, because the documented examples of the
+systems the compat facades reproduce use it (MARSYS's `session_123`, corteX's
+`sess_001` and `crystal_{session_id}_{timestamp}`) and must run unchanged;
+every ID the design allows is still allowed. No ID can contain a path
+separator or start with a dot, so an ID is always safe as a file name.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """stratad.compat.aiwhisperer against a real ``stratad serve`` subprocess.
 
-The seed (document 002) saves the runner's state dict as a JSON file; here
-the same two calls keep it in the daemon, keyed by the path.
+AIWhisperer's runner saves its state dict as a JSON file; here the same two
+calls keep it in the daemon, keyed by the path.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from stratad.errors import UnavailableError
 
 
 def seed_state() -> dict[str, Any]:
-    """The seed's state structure, filled in."""
+    """AIWhisperer's state structure, filled in."""
     return {
         "tasks": {
             "task_1": {"status": "completed", "result": {"summary": "ok", "files": 2}},

@@ -1,4 +1,4 @@
-"""stratad.compat.cogency against a real ``stratad serve`` subprocess: seed 003's loop."""
+"""stratad.compat.cogency against a real ``stratad serve`` subprocess: Cogency's loop."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""stratad.compat.cortex.MemoryCrystallizer (seed 001) against real daemons: the
-seed's example verbatim, the facade's behaviour, and crystals surviving a
-restart and a crash."""
+"""stratad.compat.cortex.MemoryCrystallizer against real daemons: corteX's
+example verbatim, the facade's behaviour, and crystals surviving a restart and
+a crash."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from stratad.compat.cortex import Crystal, MemoryCrystallizer
 
-# The seed's example, verbatim apart from the import and the daemon's address.
+# corteX's MemoryCrystallizer example, verbatim apart from the import and the
+# daemon's address.
 SEED_EXAMPLE = textwrap.dedent(
     """
     from stratad.compat.cortex import MemoryCrystallizer
@@ -56,7 +57,7 @@ EXPECTED_PROMPT = (
 
 def run_seed_example(address: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {"ADDRESS": address}
-    exec(compile(SEED_EXAMPLE, "seed_001_example", "exec"), namespace)
+    exec(compile(SEED_EXAMPLE, "cortex_crystallizer_example", "exec"), namespace)
     namespace["crystallizer"].close()
     return namespace
 
@@ -92,7 +93,7 @@ def test_seed_example_and_restart(
         assert crystallizer.apply(stored).startswith(
             "## Similar Past Success (95% effective, used 1x)\n"
         )
-        # The seed example again: the same pattern is not novel now.
+        # corteX's example again: the same pattern is not novel now.
         assert (
             crystallizer.crystallize(
                 "Deploy main.py to https://staging.example.com",
@@ -134,7 +135,7 @@ def test_facade_behaviour(daemon: Any) -> None:
         assert mc.query("nothing like it") == []
         assert mc.query("other", top_k=0) == []
         assert len(mc.query("other", top_k=10**6)) == 2  # capped at the daemon's 1,000
-        mc.record_reuse("crystal_unknown", success=True)  # ignored, as the seed
+        mc.record_reuse("crystal_unknown", success=True)  # ignored, as in corteX
         mc.record_reuse("not a valid id", success=False)
         assert mc.get_crystal("not a valid id") is None
         user_made = Crystal("mine", "Do {N} things", ["a", "b"], ["t"], [{"error": "e"}], 1, 2, 0.5)

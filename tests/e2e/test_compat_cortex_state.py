@@ -1,7 +1,8 @@
 """stratad.compat.cortex StateFileManager against a real ``stratad serve`` subprocess.
 
-Seed 000's example runs verbatim (apart from the import and the daemon's
-address), and a new manager for the same tenant and session loads the same state.
+corteX's StateFileManager example runs verbatim (apart from the import and the
+daemon's address), and a new manager for the same tenant and session loads the
+same state.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ Create User model
 
 
 async def seed_example(address: str) -> dict[str, Any]:
-    """The seed's example; only `address=` is added to the constructors."""
+    """corteX's example; only `address=` is added to the constructors."""
     manager = StateFileManager(
         base_path=".cortex_state",
         tenant_id="acme",

@@ -1,8 +1,8 @@
 """stratad.compat.marsys against a real ``stratad serve`` subprocess.
 
-The seed's examples (document 004, MARSYS state management) run here as
-written, apart from the import and the daemon's address. pytest-asyncio is not
-a dependency: each test drives its coroutine with ``asyncio.run``.
+The examples of MARSYS's state management documentation run here as written,
+apart from the import and the daemon's address. pytest-asyncio is not a
+dependency: each test drives its coroutine with ``asyncio.run``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 
 class StateError(Exception):
-    """The seed's example raises this name; MARSYS defines it elsewhere."""
+    """MARSYS's example raises this name; MARSYS defines it elsewhere."""
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -68,7 +68,7 @@ def session_status(address: str, session_id: str) -> int:
         return int(client.get_session(session_id).status)
 
 
-# -- the seed's examples ------------------------------------------------------------------
+# -- MARSYS's examples --------------------------------------------------------------------
 
 
 def test_seed_state_manager_example(daemon: Any) -> None:
@@ -79,7 +79,7 @@ def test_seed_state_manager_example(daemon: Any) -> None:
     }
 
     async def example() -> tuple[StateSnapshot, str, dict[str, Any] | None, list[dict[str, Any]]]:
-        # Seed: storage = FileStorageBackend(Path("./state"))
+        # MARSYS: storage = FileStorageBackend(Path("./state"))
         storage = SidecarStorageBackend(daemon.target)
         state_manager = StateManager(storage)
 
@@ -457,7 +457,7 @@ def test_one_manager_across_event_loops(daemon: Any) -> None:
 
 def test_constructor_arguments() -> None:
     class InMemoryBackend(StorageBackend):
-        """The seed's custom-backend pattern."""
+        """MARSYS's custom-backend pattern."""
 
         def __init__(self) -> None:
             self.data: dict[str, dict[str, Any]] = {}

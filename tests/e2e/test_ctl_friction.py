@@ -1,4 +1,4 @@
-"""``stratad ctl`` friction of issue #29, against real daemons:
+"""``stratad ctl`` usability, against real daemons:
 
 - a command's ``--help`` lists its own options and one line pointing at
   ``stratad ctl --help``, not the ~25 lines of global options (which every
@@ -27,7 +27,7 @@ from stratad.ctl import subcommands
 Daemon = Any
 Ctl = Callable[..., "subprocess.CompletedProcess[bytes]"]
 STRATAD = [sys.executable, "-m", "stratad"]
-#: Global options that a subcommand's --help used to repeat, one per line.
+#: Global options that a subcommand's --help must not repeat (it points at ctl --help).
 GLOBAL_ONLY = ("--address", "--tenant", "--token-file", "--tls-ca", "--tls-cert", "--timeout")
 
 

@@ -1,4 +1,4 @@
-"""Encryption at rest through a real ``stratad serve`` (issue #11; docs/security.md).
+"""Encryption at rest through a real ``stratad serve`` (docs/security.md).
 
 A daemon with ``encryption = on`` and a master key file serves saves, loads,
 forks, structured state, profiles and crystals; none of a distinctive string

@@ -1,4 +1,4 @@
-"""A real daemon whose journal fsync fails stops, and its restart recovers (issue #10 item 3).
+"""A real daemon whose journal fsync fails stops, and its restart recovers.
 
 The fault is injected in the daemon process by a `sitecustomize` module on its
 PYTHONPATH: once the flag file exists, fdatasync of any journal fails with EIO.

@@ -1,12 +1,10 @@
 """A real full disk: SIGKILL, restart read-only, writes resume when space returns.
 
-Issue #10 item 5.
-
 The data directory lives on a small tmpfs. With the background syncer held
 off (a long fsync interval), acknowledged saves exist only in their journals
 when the daemon is killed, so the restart has to write their objects to a
-disk with no room left: it used to exit ("disk full during object write").
-It must now start, serve every acknowledged state, refuse writes with
+disk with no room left. Rather than exit ("disk full during object write"),
+it must start, serve every acknowledged state, refuse writes with
 RESOURCE_EXHAUSTED (reason READ_ONLY) and report the health name
 ``stratad.writes`` NOT_SERVING, until the volume grows.
 

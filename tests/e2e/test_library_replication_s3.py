@@ -1,6 +1,6 @@
 """Tenant libraries and structured state replicated to a real S3 server (SeaweedFS).
 
-Real daemons, real object storage (issue #12, "resume anywhere"; docs/replication.md):
+Real daemons, real object storage (docs/replication.md, "Resume anywhere"):
 
 1. Sync mode: daemon A stores crystals, reuses, deletions, a library config and
    user profiles, and is SIGKILLed, its data directory deleted; daemon B, with

@@ -81,7 +81,7 @@ EXPECTED_TOOLS = {
     "task_update",
 }
 
-#: The seed's own example of build_persistent_context (seed 000), built by the scenario.
+#: corteX's own example of StateFileManager.build_persistent_context, built by the scenario.
 SEED_CONTEXT = """\
 ## Goal
 Build a REST API
@@ -97,7 +97,7 @@ Implementing user endpoints
 ## Unresolved Errors
 - Step 7: Connection refused on port 5432"""
 
-#: The seed's crystallize example (seed 001) and its prompt, as docs/crystals.md shows it.
+#: corteX's MemoryCrystallizer example and its prompt, as docs/crystals.md shows it.
 SEED_TRACE = [
     {"decision": "Read config", "tool": "file_read"},
     {"decision": "Validate schema", "tool": "code_interpreter"},
@@ -392,7 +392,7 @@ def test_cognitive_scenario(
             )
             assert error["status"] == "open"
 
-            # The persistent context is the seed's format, word for word.
+            # The persistent context is corteX's format, word for word.
             built = await s.call_tool("cognitive_build_context", {"session_id": sid})
             assert text_of(built) == SEED_CONTEXT
             assert data_of(built)["context"] == SEED_CONTEXT

@@ -1,10 +1,10 @@
-"""Replication to a ``file://`` directory, with real daemons (issue #29).
+"""Replication to a ``file://`` directory, with real daemons.
 
 obstore's LocalFileSystem has no conditional replace (``PutMode::Update``),
-which a session's HEAD needs after its creation: before the fix every save
-after CreateSession failed in `sync` mode, and in `async` mode the lag grew
-forever with a warning every round. store/remote.py now replaces a HEAD in a
-directory under a lock file instead (docs/replication.md).
+which a session's HEAD needs after its creation: without one, every save
+after CreateSession would fail in `sync` mode, and in `async` mode the lag
+would grow forever with a warning every round. So store/remote.py replaces a
+HEAD in a directory under a lock file (docs/replication.md).
 
 1. Sync mode: every save succeeds, the history and objects are files under the
    directory, and a daemon with an empty data directory resumes the session

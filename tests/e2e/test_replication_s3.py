@@ -1,4 +1,4 @@
-"""Replication against a real S3 server (SeaweedFS), with real daemons (issue #12).
+"""Replication against a real S3 server (SeaweedFS), with real daemons.
 
 1. Sync mode: daemon A takes 8 concurrent writers and is SIGKILLed, its data
    directory deleted; daemon B, with an empty data directory, serves every

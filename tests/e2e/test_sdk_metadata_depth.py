@@ -1,10 +1,10 @@
-"""Metadata nested too deep is one stratad error at every depth (issue #29).
+"""Metadata nested too deep is one stratad error at every depth.
 
 The daemon refuses JSON values nested deeper than 32 levels (INVALID_ARGUMENT,
-reason INVALID_VALUE). Deeper than about 33 levels protobuf itself could not
-copy the Struct into a request, and the SDK raised a raw
-``google.protobuf.message.DecodeError``; the SDK now refuses any depth past the
-limit itself, before sending, with the daemon's own error.
+reason INVALID_VALUE). Deeper than about 33 levels protobuf itself cannot
+copy the Struct into a request (a raw ``google.protobuf.message.DecodeError``),
+so the SDK refuses any depth past the limit itself, before sending, with the
+daemon's own error.
 """
 
 from __future__ import annotations

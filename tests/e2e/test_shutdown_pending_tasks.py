@@ -1,12 +1,12 @@
-"""No "Task was destroyed but it is pending!" in the daemon's log (issue #29).
+"""No "Task was destroyed but it is pending!" in the daemon's log.
 
 A WatchSession waits for its next event with two tasks (the queue's get and
-the daemon's stop). A watch the client cancelled while it waited left both
-pending; once its queue was dropped the get task was garbage-collected while
-still pending, and asyncio logged that ERROR line (once per cancelled watch,
-whenever the garbage collector ran). The daemon here is used as `make run`
-users use it: calls, watches cancelled by their clients, then a SIGTERM with
-a watch still open.
+the daemon's stop). A watch the client cancels while it waits must not leave
+both pending: once its queue was dropped, the get task would be
+garbage-collected while still pending, and asyncio would log that ERROR line
+(once per cancelled watch, whenever the garbage collector ran). The daemon
+here is used as `make run` users use it: calls, watches cancelled by their
+clients, then a SIGTERM with a watch still open.
 """
 
 from __future__ import annotations

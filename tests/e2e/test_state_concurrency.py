@@ -1,9 +1,9 @@
 """Concurrency: 8 processes x 500 mixed structured-state updates on one session, nothing lost.
 
-The seeds serialize writers with file locks (and still lose updates when two
-processes read-modify-write one file). With stratad each update is one atomic
-call, so eight agent processes hammering the same session concurrently must
-leave every single update in place:
+AIWhisperer and Cogency serialize writers with file locks (and still lose
+updates when two processes read-modify-write one file). With stratad each
+update is one atomic call, so eight agent processes hammering the same session
+concurrently must leave every single update in place:
 
 - task status updates (a task per update, its status from the update),
 - decisions appended to the cognitive decision log,

@@ -35,7 +35,7 @@ def test_on_a_plain_dict_the_helpers_are_the_seeds() -> None:
     assert update_task_status(state, "t1", "pending") is state
     assert store_task_result(state, "t1", {"rows": 3}) is state
     store_task_result(state, "t2", [1])
-    update_task_status(state, "t3", "whatever the caller says")  # the seed does not check
+    update_task_status(state, "t3", "whatever the caller says")  # AIWhisperer does not check
     assert update_global_state(state, "file_paths", ["a"]) is state
     assert state == {
         "tasks": {

@@ -1,12 +1,13 @@
-"""TLS mismatches name the fix (issue #29), in every client, against real daemons.
+"""TLS mismatches name the fix, in every client, against real daemons.
 
 Three daemons: plaintext, TLS, and mTLS (client certificates required). Each
 client meets each mismatch: a plaintext client on the TLS daemon
 (TLS_REQUIRED), a TLS client without a certificate on the mTLS daemon
 (CLIENT_CERT_REQUIRED), a TLS client on the plaintext daemon
-(TLS_NOT_SUPPORTED). Each must fail UNAVAILABLE, as before, with a message that
-names the setting to change (python/stratad/sdk/diagnose.py, clients/go/diagnose.go,
-clients/ts/src/diagnose.ts; docs/security.md, "Troubleshooting connection errors").
+(TLS_NOT_SUPPORTED). Each must fail with the transport's status, UNAVAILABLE,
+and a message that names the setting to change (python/stratad/sdk/diagnose.py,
+clients/go/diagnose.go, clients/ts/src/diagnose.ts; docs/security.md,
+"Troubleshooting connection errors").
 
 The Go and TypeScript cases run the clients' own tests (TestTLSMismatchesNameTheFix,
 test/tls-mismatch.test.ts) with the daemons' addresses; they skip without Go
@@ -170,7 +171,7 @@ def test_the_right_settings_and_unix_sockets_are_never_probed(
             assert [s.session_id for s in client.list_sessions()] == ["s"]
     with stratad.Client(daemons.unix) as client:
         assert client.get_session("s").session_id == "s"
-    # A unix socket nobody serves: UNAVAILABLE as before, nothing probed.
+    # A unix socket nobody serves: the transport's UNAVAILABLE, nothing probed.
     with stratad.Client(f"{daemons.unix}.absent", timeout=5) as client:
         with pytest.raises(UnavailableError) as absent:
             client.get_session("s")

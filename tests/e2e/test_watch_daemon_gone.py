@@ -1,10 +1,10 @@
 """A watch whose daemon dies ends with UNAVAILABLE instead of waiting for good.
 
 The SDK retries UNAVAILABLE for every stratad service (gRPC's retry policy);
-a WatchSession stream that had received no event yet used to be retried the
-same way, and then waited on the dead daemon forever (and got nothing once it
-came back). Both clients must raise UnavailableError soon after a SIGKILL, so
-that the caller can watch again from the last version it saw.
+retried the same way, a WatchSession stream that had received no event yet
+would wait on the dead daemon forever (and get nothing once it came back).
+Both clients must raise UnavailableError soon after a SIGKILL, so that the
+caller can watch again from the last version it saw.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""AgentStateService over gRPC: the seed's loop, bounds, every RPC's bad input, tenancy."""
+"""AgentStateService over gRPC: Cogency's loop, bounds, every RPC's bad input, tenancy."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ NOT_FOUND = grpc.StatusCode.NOT_FOUND
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 S = "sess_001"
 
+#: The output corteX documents for StateFileManager.build_persistent_context, verbatim.
 SEED_CONTEXT = """\
 ## Goal
 Build a REST API

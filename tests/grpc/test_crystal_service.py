@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
 
+#: The execution trace of corteX's MemoryCrystallizer example.
 SEED_TRACE = [
     pb.TraceStep(decision="Read config", tool="file_read"),
     pb.TraceStep(decision="Validate schema", tool="code_interpreter"),

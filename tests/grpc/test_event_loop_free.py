@@ -1,9 +1,9 @@
-"""The event loop stays free, and chunked uploads are checked when saved (issue #10 items 2, 6, 8).
+"""The event loop stays free, and chunked uploads are checked when saved.
 
 A save is classified by the size it *declares*, not by its bytes on the wire:
-a 100 KB request of highly compressible frames used to be decoded on the
-event loop, holding health checks for seconds. The tests hold the heavy work
-(decoding a frame, an fsync) on an event and check that a health check is
+otherwise a 100 KB request of highly compressible frames would be decoded on
+the event loop, holding health checks for seconds. The tests hold the heavy
+work (decoding a frame, an fsync) on an event and check that a health check is
 answered meanwhile: if that work ran on the event loop, the health check
 could not be answered until it was released (no timing involved).
 """
@@ -174,7 +174,7 @@ def test_a_frame_longer_than_its_listed_chunk_is_refused_before_decoding(
 def test_an_upload_whose_chunks_do_not_make_its_digest_is_refused_at_save_time(
     api: Api,
 ) -> None:
-    """Item 6: the whole-state digest used to be checked only when loading."""
+    """A wrong whole-state digest is refused when saved, not found only when loading."""
     api.create("agent")
     api.save("agent", b"before")
     data = os.urandom(200_000)

@@ -401,7 +401,7 @@ def test_the_structured_states_times_are_iso_8601_utc(inspected: Inspected) -> N
     task = shown["tasks"]["tasks"]["fetch-docs"]
     assert_iso(task["created_at"])
     assert_iso(task["updated_at"])
-    # Thoughts are stamped in the daemon's local time without a zone (as the seed
+    # Thoughts are stamped in the daemon's local time without a zone (as Cogency
     # does): shown in UTC.
     thought = shown["agent"]["reasoning"]["thoughts"][0]
     assert thought["thinking"] == "read the index"

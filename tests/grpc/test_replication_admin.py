@@ -1,4 +1,4 @@
-"""GetReplicationStatus and RestoreSessionFromRemote (issue #12), in-process.
+"""GetReplicationStatus and RestoreSessionFromRemote, in-process.
 
 The daemon replicates to obstore's in-memory store (`memory:///`), a real
 obstore backend; the S3 scenarios are in tests/e2e/test_replication_s3.py.

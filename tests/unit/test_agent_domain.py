@@ -1,4 +1,4 @@
-"""The agent facet in-process on `Engine`: seed 003's loop, bounds, compression, replay."""
+"""The agent facet in-process on `Engine`: Cogency's loop, bounds, compression, replay."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/load.py --plot without matplotlib is refused before the run (issue #29),
+"""bench/load.py --plot without matplotlib is refused before the run,
 not after minutes of load when the report is drawn."""
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The cognitive facet in-process on `Engine`: seed 000's rules, BuildContext, replay, checkpoints.
+"""The cognitive facet in-process on `Engine`: corteX's StateFileManager rules, BuildContext,
+replay, checkpoints.
 
 - Initialize once (ALREADY_EXISTS after), everything else FAILED_PRECONDITION before it.
 - UpdateFluid changes only what it is given; progress is clamped; last_updated moves.
 - Errors are OPEN or RESOLVED; ResolveError closes the newest open one at a step.
 - Learned constraints, relationships and patterns are deduplicated (nothing journaled).
-- BuildContext: the seed's markdown, and truncation by the documented estimate.
+- BuildContext: corteX's markdown, and truncation by the documented estimate.
 - A reopened engine replays every record kind to the same state (compacted or not).
 - Checkpoints capture the facet; RestoreCheckpoint(make_current) and ForkSession bring it back.
 """
@@ -277,6 +278,7 @@ def test_stats_have_exactly_the_seed_keys(engine: Engine) -> None:
 
 # -- BuildContext ---------------------------------------------------------------------------
 
+#: The output corteX documents for StateFileManager.build_persistent_context, verbatim.
 SEED_CONTEXT = """\
 ## Goal
 Build a REST API

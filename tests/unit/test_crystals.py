@@ -1,5 +1,6 @@
-"""Crystal memory (seed 001), in process: extraction, novelty, query, apply, reuse,
-eviction, paging, persistence, compaction and bad input (stratad.domain.crystals)."""
+"""Crystal memory (corteX's MemoryCrystallizer), in process: extraction, novelty, query,
+apply, reuse, eviction, paging, persistence, compaction and bad input
+(stratad.domain.crystals)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError
 from stratad.store.store import Store
 
 T = "tenant-a"
+#: The execution trace of corteX's MemoryCrystallizer example.
 SEED_TRACE = [
     TraceStep(decision="Read config", tool="file_read"),
     TraceStep(decision="Validate schema", tool="code_interpreter"),
@@ -115,7 +117,7 @@ def create(libs: CrystalLibraries, goal: str, tools: tuple[str, ...] = ("t0",), 
     return result.crystal
 
 
-# -- generalization (the seed's table and tricky cases) ----------------------------------
+# -- generalization (corteX's table and tricky cases) -----------------------------------
 
 SEED_TABLE = [
     ("Deploy src/app.py", "Deploy {file_path}"),

@@ -1,4 +1,4 @@
-"""Encryption at rest (issue #11): keys, sealing, and the store with encryption on.
+"""Encryption at rest (docs/security.md): keys, sealing, and the store with encryption on.
 
 Everything here runs the real store over a temporary data directory; the
 daemon-level round trip (gRPC, restart with a rotated key) is in

@@ -1,4 +1,4 @@
-"""Encryption at rest with replication to object storage (issue #11, docs/security.md).
+"""Encryption at rest with replication to object storage (docs/security.md).
 
 Daemons (`Engine`s with their own data directories) share one obstore
 `MemoryStore`, as in tests/unit/test_replication.py, with encryption on:

@@ -1,4 +1,4 @@
-"""A failed fsync stops the store (issue #10 item 3; docs/storage.md, "Fault model").
+"""A failed fsync stops the store (docs/storage.md, "Fault model").
 
 The mutation is applied in memory before its journal is fsynced. When the
 fsync fails, that state may never reach the disk, so it must never be served

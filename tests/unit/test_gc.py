@@ -94,12 +94,13 @@ def test_garbage_is_collected_when_nothing_races(engine: Engine) -> None:
 def test_two_concurrent_collections_never_sweep_what_a_save_revived(
     engine: Engine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Issue #10 item 1: GC2 used to reset GC1's record of revived objects.
+    """GC2 must not reset GC1's record of revived objects.
 
     GC1 is held inside its mark phase while a save dedups against garbage
-    objects (reviving them) and GC2 is started. GC1 then swept the revived
-    objects (DATA_LOSS after a restart) or crashed on GC2's reset (INTERNAL).
-    Collections of one tenant are now single-flight: GC2 waits for GC1.
+    objects (reviving them) and GC2 is started. Were GC2 to reset the record,
+    GC1 would sweep the revived objects (DATA_LOSS after a restart) or crash on
+    the reset (INTERNAL). Collections of one tenant are single-flight: GC2 waits
+    for GC1.
     """
     data = os.urandom(200_000)
     engine.sessions.create(TENANT, "old")

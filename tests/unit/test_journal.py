@@ -212,7 +212,7 @@ def test_encrypted_journals_seal_the_compressed_payload(tmp_path: Path) -> None:
     plain = cipher.open(data[8 : 8 + length])
     assert plain[4:8] == journal_mod.ZSTD_MAGIC
     assert b"field_" not in data and b"field_" not in plain  # neither readable nor plain JSON
-    # Torn tails and damage are told apart as before.
+    # Torn tails and damage are told apart as in plain journals.
     ends = [0]
     while ends[-1] < len(data):
         ends.append(ends[-1] + 8 + struct.unpack_from("<I", data, ends[-1])[0])

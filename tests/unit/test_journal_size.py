@@ -1,4 +1,4 @@
-"""Session journals stay small (issue #13): compaction thresholds and the journal's encoding."""
+"""Session journals stay small: compaction thresholds and the journal's encoding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`make run` / `make dev` show the Rust build's progress (issue #29).
+"""`make run` / `make dev` show the Rust build's progress.
 
 The Makefile's $(STAMP) rule installs stratad with pip, which builds the Rust
 core; pip hides a build's output unless --verbose, so a quiet install printed

@@ -234,7 +234,7 @@ def test_a_data_dir_of_the_one_file_per_object_layout_opens_and_migrates(tmp_pat
 def test_durability_none_stops_carrying_objects_once_written(tmp_path: Path) -> None:
     """With `durability none` nothing is fsynced: an object written to its pack is
     as safe as a journal's copy, so sessions sharing it stop carrying copies.
-    They used to carry every shared chunk inline on every save, for ever."""
+    Otherwise they would carry every shared chunk inline on every save, for ever."""
     engine = Engine(tmp_path / "data", durability="none", fsync_interval=3600.0)
     engine.open()
     try:

@@ -1,4 +1,4 @@
-"""Replication to object storage, in-process (issues #12, #29; docs/replication.md).
+"""Replication to object storage, in-process (docs/replication.md).
 
 Several `Engine`s (daemons) with their own data directories share one remote:
 obstore's `MemoryStore` (its in-memory backend, with the same conditional-write
@@ -258,7 +258,7 @@ def test_a_save_never_dedups_against_a_condemned_pack(daemons: Callable[..., Eng
     assert b.admin.verify(TENANT).ok
 
 
-# -- file:// (issue #29): conditional replaces under a lock file -----------------------
+# -- file:// directories: conditional replaces under a lock file ----------------------
 
 
 @pytest.fixture

@@ -52,8 +52,9 @@ TWINS = (Client, AsyncClient)
 #: Services the SDK does not wrap method by method, and why.
 SERVICES_NOT_IN_SDK: dict[str, str] = {
     # The structured-state services (docs/state.md): their Python API is the
-    # compat facade of the seed each was made for, built on a Client (its
-    # `channel` and `call`); agents reach them through `stratad mcp` tools.
+    # compat facade of the system each was made for (docs/design.md), built on
+    # a Client (its `channel` and `call`); agents reach them through
+    # `stratad mcp` tools.
     "TaskService": "Python API: stratad.compat.aiwhisperer (and the ADK session service)",
     "CognitiveStateService": "Python API: stratad.compat.cortex_state (StateFileManager)",
     "AgentStateService": "Python API: stratad.compat.cogency (agent loop state)",

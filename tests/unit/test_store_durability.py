@@ -1,4 +1,4 @@
-"""What makes a new file or directory durable and private (issue #10 item 8).
+"""What makes a new file or directory durable and private.
 
 - Every directory the store creates (tenant, sessions, session, objects and
   their fan-out directories, profile and crystal libraries) is fsynced into

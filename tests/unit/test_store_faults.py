@@ -316,11 +316,12 @@ def test_disk_full_for_object_files_loses_nothing(tmp_path: Path, disk_full: Dis
 def test_disk_full_while_a_save_flushes_its_backlog_loses_nothing_after_a_crash(
     tmp_path: Path, disk_full: DiskFull, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue #10 item 4: ENOSPC inside commit_objects (a writer helping the syncer).
+    """ENOSPC inside commit_objects (a writer helping the syncer) loses no retried save.
 
-    The failed save left its objects indexed but carried by no journal record;
-    the retry then found them "present" and was journaled without them, so it
-    was acknowledged with its chunks only in memory: DATA_LOSS after SIGKILL.
+    Were the failed save to leave its objects indexed but carried by no journal
+    record, the retry would find them "present" and be journaled without them,
+    so it would be acknowledged with its chunks only in memory: DATA_LOSS after
+    SIGKILL.
     """
     monkeypatch.setattr(objects_module, "MAX_PENDING_BYTES", 0)  # every put flushes
     rng = random.Random(4)
@@ -347,8 +348,8 @@ def test_disk_full_while_a_save_flushes_its_backlog_loses_nothing_after_a_crash(
 def test_a_restart_on_a_full_disk_serves_reads_and_resumes_writes_when_space_returns(
     tmp_path: Path, disk_full: DiskFull
 ) -> None:
-    """Issue #10 item 5: recovery must write the objects journals carry; on a full
-    disk the daemon used to refuse to start ("disk full during object write")."""
+    """Recovery must write the objects journals carry; on a full disk the daemon
+    must still start (not exit with "disk full during object write")."""
     rng = random.Random(5)
     with open_engine(tmp_path / "data", fsync_interval=NEVER) as engine:
         engine.sessions.create(TENANT, "agent")

@@ -1,4 +1,4 @@
-"""Tasks and global state in-process on `Engine` (seed 002), replay and checkpoints."""
+"""Tasks and global state in-process on `Engine` (AIWhisperer's), replay and checkpoints."""
 
 from __future__ import annotations
 

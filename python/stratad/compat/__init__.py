@@ -1,11 +1,12 @@
-"""Facades that keep the seeds' own Python signatures, backed by a stratad daemon.
+"""Facades that keep corteX's, AIWhisperer's, Cogency's and MARSYS's Python APIs, on stratad.
 
-Code written against one of the seed systems (MARSYS's ``StateManager``,
+Code written against one of these systems (MARSYS's ``StateManager``,
 AIWhisperer's ``save_state`` / ``load_state``, ...) moves to stratad by
 changing its import and naming the daemon's address; the state then lives in
 the sidecar with stratad's guarantees (journaled before acknowledged, every
 byte verified on read) instead of in local files. There is one submodule per
-seed system, e.g. `stratad.compat.marsys` and `stratad.compat.aiwhisperer`.
+system, e.g. `stratad.compat.marsys` and `stratad.compat.aiwhisperer`; docs/design.md
+("Where the features come from") lists them and the services behind them.
 
 Submodules are imported explicitly; importing this package loads none of them.
 """

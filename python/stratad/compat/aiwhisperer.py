@@ -1,8 +1,8 @@
 """AIWhisperer's state management functions on stratad.
 
-The seed saves the runner's state dict as a JSON file (temp file + rename for
-atomicity, a file lock against concurrent writers). Here the same calls keep
-it in a stratad daemon::
+AIWhisperer saves the runner's state dict as a JSON file (temp file + rename for
+atomicity, a file lock against concurrent writers). Here the same calls keep it
+in a stratad daemon::
 
     from stratad.compat import aiwhisperer
 
@@ -25,7 +25,7 @@ it in a stratad daemon::
 - **Atomicity and locking come from stratad:** a save is one journaled,
   fsynced record, and concurrent writers of a session are serialized by the
   daemon, so a reader sees one whole state or the previous one, never a mix.
-- **Errors keep the file API's shape where the seed's callers rely on it:**
+- **Errors keep the file API's shape where AIWhisperer's callers rely on it:**
   ``load_state`` of a path never saved raises ``FileNotFoundError`` (errno
   ENOENT, ``filename`` set), as opening the missing file would; a state that
   is not JSON-serializable raises ``TypeError`` as ``json.dump`` does. Other
@@ -36,9 +36,9 @@ The module uses one blocking `stratad.Client`, created on first use from
 `configure`'s settings, or else from the ``STRATAD_ADDRESS`` environment
 variable (default ``127.0.0.1:50051``) and the default tenant.
 
-The seed's task and global-state helpers (``update_task_status``,
+AIWhisperer's task and global-state helpers (``update_task_status``,
 ``store_task_result``, ``get_task_result``, ``update_global_state``,
-``get_global_state``) keep the seed's behaviour on a plain dict. On a dict
+``get_global_state``) keep their original behaviour on a plain dict. On a dict
 from `bind` (a `BoundState`) each is one atomic call to the daemon's
 TaskService, so concurrent processes updating one session never lose each
 other's updates (no file lock needed), and the dict mirrors the result::
@@ -49,7 +49,7 @@ other's updates (no file lock needed), and the dict mirrors the result::
     aiwhisperer.update_global_state(state, "other_context", {"model": "x"})
     aiwhisperer.get_task_result(state, "t1")         # read from the daemon
 
-On a bound state the status must be one of the seed's ``pending``,
+On a bound state the status must be one of AIWhisperer's ``pending``,
 ``in-progress``, ``completed``, ``failed`` (``ValueError`` otherwise), and
 results and values must be JSON. The session's tasks and global state are
 captured by its checkpoints: ``save_state`` of a bound session's path records
@@ -177,7 +177,7 @@ def session_id_for(file_path: StrPath) -> str:
     return f"{SESSION_PREFIX}{name}:{digest}"
 
 
-# -- the seed's API ----------------------------------------------------------------------------
+# -- AIWhisperer's API -------------------------------------------------------------------------
 
 
 def save_state(state: dict[str, Any], file_path: StrPath) -> None:
@@ -211,7 +211,7 @@ def load_state(file_path: StrPath) -> dict[str, Any]:
     return state
 
 
-# -- the seed's task and global-state helpers --------------------------------------------------
+# -- AIWhisperer's task and global-state helpers -----------------------------------------------
 
 __all__ += [
     "BoundState",

@@ -1,6 +1,6 @@
-"""Cogency's agent state (seed 003) on stratad's AgentStateService and ProfileService.
+"""Cogency's agent state on stratad's AgentStateService and ProfileService.
 
-The seed's loop runs unchanged against a daemon::
+Cogency's agent loop runs unchanged against a daemon::
 
     from stratad.compat.cogency import AgentState, UserProfile
 
@@ -18,20 +18,20 @@ The seed's loop runs unchanged against a daemon::
   session (``session_id``; a new one when empty, created on the daemon).
   ``AgentState.attach(session_id)`` picks up a running loop, e.g. after the
   agent process was restarted.
-- ``state.execution`` and ``state.reasoning`` have the seed's fields and
+- ``state.execution`` and ``state.reasoning`` have Cogency's fields and
   methods (``should_continue``, ``set_tool_calls``, ``finish_tools``,
   ``advance_iteration``; ``learn``, ``update_facts``, ``record_thinking``,
   ``compress_for_context``). Each method is one atomic, journaled call; the
   fields read the state the daemon returned for the last call (``refresh()``
   fetches it again). Assigning ``execution.response``, ``execution.stop_reason``,
   ``reasoning.goal`` or ``reasoning.strategy`` is a call as well.
-- ``stop_reason`` and ``response`` are ``None`` when unset, as in the seed.
+- ``stop_reason`` and ``response`` are ``None`` when unset, as in Cogency.
 - Tool calls and results must be JSON objects; a call needs a string ``name``
   and, when given, object ``args`` (Cogency drops malformed calls; stratad
   refuses them with `stratad.errors.InvalidArgumentError`).
 - ``UserProfile`` is a user's profile on the daemon (shared by all their
-  sessions): ``update_from_interaction`` is the seed's bounded merge done
-  atomically on the daemon; ``compress(profile)`` is the seed's compress().
+  sessions): ``update_from_interaction`` is Cogency's bounded merge done
+  atomically on the daemon; ``compress(profile)`` is Cogency's compress().
 
 Calls are blocking (Cogency's state methods are synchronous); failures are
 `stratad.errors` classes.
@@ -77,7 +77,7 @@ def _fact(key: str, value: Any) -> apb.Fact:
 
 
 class ExecutionState:
-    """Loop control and tool orchestration (the seed's ExecutionState), on the daemon."""
+    """Loop control and tool orchestration (Cogency's ExecutionState), on the daemon."""
 
     def __init__(self, owner: AgentState) -> None:
         self._owner = owner
@@ -148,7 +148,7 @@ class ExecutionState:
 
 
 class ReasoningContext:
-    """Structured reasoning memory (the seed's ReasoningContext), on the daemon."""
+    """Structured reasoning memory (Cogency's ReasoningContext), on the daemon."""
 
     def __init__(self, owner: AgentState) -> None:
         self._owner = owner
@@ -219,7 +219,7 @@ class ReasoningContext:
 
 
 class UserProfile:
-    """A user's profile on the daemon (the seed's UserProfile), shared by their sessions."""
+    """A user's profile on the daemon (Cogency's UserProfile), shared by their sessions."""
 
     def __init__(
         self,
@@ -315,7 +315,7 @@ class UserProfile:
     def update_from_interaction(
         self, interaction_insights: dict[str, Any], *, synthesized: bool = False
     ) -> None:
-        """The seed's bounded merge (preferences, goals, expertise, communication_style,
+        """Cogency's bounded merge (preferences, goals, expertise, communication_style,
         project_context, success_pattern, failure_pattern; stratad adds interests and
         constraints), atomic on the daemon. `synthesized`: synthesis_version += 1."""
         i = interaction_insights
@@ -346,7 +346,7 @@ class UserProfile:
 
 
 def compress(profile: UserProfile, max_tokens: int = 800) -> str:
-    """The seed's compress(profile): COMMUNICATION, CURRENT GOALS, PREFERENCES, ACTIVE
+    """Cogency's compress(profile): COMMUNICATION, CURRENT GOALS, PREFERENCES, ACTIVE
     PROJECTS, EXPERTISE, CONSTRAINTS, cut to max_tokens characters (computed by the daemon)."""
     request = ppb.CompressProfileRequest(user_id=profile.user_id, max_tokens=max_tokens)
     return str(profile._client.call(profile._stub.CompressProfile, request).context)

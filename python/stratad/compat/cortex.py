@@ -1,10 +1,10 @@
-"""corteX's cognitive state and memory on stratad (seeds 000 and 001).
+"""corteX's cognitive state and memory (StateFileManager, MemoryCrystallizer) on stratad.
 
 Code written against corteX moves to stratad by changing its imports (and
 naming the daemon's address, or setting ``STRATAD_ADDRESS``):
 
 - ``from stratad.compat.cortex import MemoryCrystallizer, Crystal`` replaces
-  ``from corteX.engine.cognitive.crystallizer import ...`` (seed 001, below);
+  ``from corteX.engine.cognitive.crystallizer import ...`` (see below);
 - ``from stratad.compat.cortex import StateFileManager`` replaces
   ``from corteX.engine.cognitive.state_files import StateFileManager``; see
   `stratad.compat.cortex_state` for how the three layers live in the daemon.
@@ -30,7 +30,7 @@ from stratad.sdk.connection import TLSConfig
 from stratad.sdk.constants import ADDRESS_ENV
 
 # =====================================================================================
-# MemoryCrystallizer and Crystal (seed 001): crystals in the daemon's CrystalService
+# corteX's MemoryCrystallizer and Crystal: crystals in the daemon's CrystalService
 # =====================================================================================
 #
 #     from stratad.compat.cortex import MemoryCrystallizer
@@ -42,7 +42,7 @@ from stratad.sdk.constants import ADDRESS_ENV
 #
 # The library lives in the daemon, one per tenant (``tenant``; empty: the daemon's
 # default), persistent and shared by every MemoryCrystallizer of that tenant, in
-# any process. Behaviour, thresholds, limits and output formats are the seed's;
+# any process. Behaviour, thresholds, limits and output formats are corteX's;
 # docs/crystals.md has the precise rules. Differences that follow from that:
 #
 # - Constructing a MemoryCrystallizer sets the tenant library's ``max_crystals``
@@ -50,14 +50,14 @@ from stratad.sdk.constants import ADDRESS_ENV
 #   library when several limits are wanted. ``min_success_score`` is this
 #   object's own and is sent with every ``crystallize``.
 # - ``crystallize`` returns None when the score is below the minimum or a
-#   similar crystal exists (as the seed); ``last_result`` holds the daemon's
+#   similar crystal exists (as in corteX); ``last_result`` holds the daemon's
 #   CrystallizeResponse (its outcome, and the similar crystal's ID).
 # - Trace steps are dicts with ``decision``, ``tool``, ``error`` and
 #   ``resolution`` keys; other keys are ignored, values are converted with
 #   ``str`` and None is an absent key.
 # - ``apply`` formats the Crystal it is given (no daemon call); ``record_reuse``
 #   of an unknown crystal does nothing and ``get_crystal`` returns None for it, as
-#   the seed's dict lookups would.
+#   corteX's dict lookups would.
 # - Failures to reach the daemon are `stratad.errors` exceptions (for example
 #   `~stratad.errors.UnavailableError`); invalid arguments raise
 #   `~stratad.errors.InvalidArgumentError`.
@@ -110,7 +110,7 @@ def _step(step: Mapping[str, Any]) -> crystal_pb2.TraceStep:
 
 
 class MemoryCrystallizer:
-    """Distills reusable patterns from successful task completions (seed 001)."""
+    """Distills reusable patterns from successful task completions (corteX's API)."""
 
     def __init__(
         self,
@@ -176,7 +176,7 @@ class MemoryCrystallizer:
         """Matching crystals by keyword similarity, best first (boosted by effectiveness)."""
         if top_k <= 0:
             return []
-        top_k = min(top_k, crystal_format.MAX_TOP_K)  # the daemon's limit; the seed has none
+        top_k = min(top_k, crystal_format.MAX_TOP_K)  # the daemon's limit; corteX has none
         request = crystal_pb2.QueryCrystalsRequest(goal_text=goal_text, top_k=top_k)
         response = self._call(self._stub.QueryCrystals, request)
         return [_crystal_of(match.crystal) for match in response.matches]
@@ -223,7 +223,7 @@ class MemoryCrystallizer:
 
 
 # =====================================================================================
-# StateFileManager (seed 000): implemented in stratad.compat.cortex_state
+# corteX's StateFileManager: implemented in stratad.compat.cortex_state
 # =====================================================================================
 
 __all__ = [

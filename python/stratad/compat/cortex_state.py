@@ -1,4 +1,4 @@
-"""corteX's ``StateFileManager`` (seed 000) on stratad's CognitiveStateService.
+"""corteX's ``StateFileManager`` on stratad's CognitiveStateService.
 
 Code written against ``corteX.engine.cognitive.state_files`` moves to stratad by
 changing its import and naming the daemon::
@@ -31,10 +31,10 @@ The three layers live in the stratad session ``session_id`` of tenant
   updates before ``initialize()`` (of this or any manager of the session)
   raise `stratad.errors.FailedPreconditionError`.
 - The getters, ``build_persistent_context`` and ``get_stats`` ask the daemon
-  (they are blocking calls, as the seed's are synchronous); before the session
-  is initialized they answer as the seed's empty manager would (default
+  (they are blocking calls, as corteX's are synchronous); before the session
+  is initialized they answer as corteX's empty manager would (default
   layers, ``""``, ``initialized: False``).
-- ``build_persistent_context`` is the daemon's BuildContext: the seed's
+- ``build_persistent_context`` is the daemon's BuildContext: corteX's
   markdown sections, truncated to ``max_tokens`` estimated as characters / 4,
   never dropping the goal, oldest and least important material first.
 
@@ -229,7 +229,7 @@ class StateFileManager:
     async def _acall(self, method: str, request: Any) -> Any:
         try:
             return await asyncio.to_thread(self._call, method, request)
-        except NotFoundError:  # no session yet: the seed's "not initialized"
+        except NotFoundError:  # no session yet: corteX's "not initialized"
             raise FailedPreconditionError(
                 f"session {self._session_id!r} has no cognitive state yet: call initialize() first"
             ) from None
@@ -241,7 +241,7 @@ class StateFileManager:
         except (FailedPreconditionError, NotFoundError):
             return default()
 
-    # -- updates (async, as in the seed) ------------------------------------------------
+    # -- updates (async, as in corteX) --------------------------------------------------
 
     async def initialize(
         self,
@@ -362,7 +362,7 @@ class StateFileManager:
         self._initialized = True
         return True
 
-    # -- reads (synchronous, as in the seed) ----------------------------------------------
+    # -- reads (synchronous, as in corteX) ------------------------------------------------
 
     def _state(self) -> pb.CognitiveState:
         request = pb.GetCognitiveStateRequest(session_id=self._session_id)

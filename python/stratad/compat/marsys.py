@@ -1,6 +1,6 @@
 """MARSYS's state management API (``marsys.coordination.state``) on stratad.
 
-The seed's examples run unchanged apart from the import and the daemon's
+MARSYS's own examples run unchanged apart from the import and the daemon's
 address::
 
     from stratad.compat.marsys import StateManager, StateSnapshot
@@ -8,7 +8,7 @@ address::
     state_manager = StateManager(address="127.0.0.1:50051")
     await state_manager.save_state("session_123", snapshot)
 
-How the seed's concepts map onto stratad:
+How MARSYS's concepts map onto stratad:
 
 - A MARSYS session is a stratad session with the same ID, so session IDs must be
   stratad IDs (letters, digits, ``_ . : -``, starting with a letter or digit,
@@ -25,7 +25,7 @@ How the seed's concepts map onto stratad:
   ``application/vnd.marsys.state+json``) and marks the session PAUSED;
   ``resume_execution`` marks it ACTIVE again and returns that dict. Storing the
   dict itself, not a snapshot made from it, is what makes the round trip exact.
-- Lookups of something that does not exist return what the seed returns
+- Lookups of something that does not exist return what MARSYS returns
   (None, an empty list) and never raise "not found". Real failures propagate as
   `stratad.errors` classes: `~stratad.errors.DataLossError` when stored bytes or a
   snapshot checksum fail, `~stratad.errors.UnavailableError` when no daemon
@@ -131,7 +131,7 @@ _SET_FIELDS = ("active_branches", "completed_branches")
 
 @dataclass
 class StateSnapshot:
-    """Execution state of a MARSYS session at one point in time (the seed's fields).
+    """Execution state of a MARSYS session at one point in time (MARSYS's fields).
 
     The checksum is the lowercase hex BLAKE3 (`stratad.native.digest_hex`, the
     digest stratad uses everywhere) of the canonical JSON of every field but
@@ -274,7 +274,7 @@ def _seconds(message: timestamp_pb2.Timestamp) -> float:
 
 
 def _checkpoint_info(cp: checkpoint_pb2.Checkpoint) -> dict[str, Any]:
-    """A checkpoint as the seed's list_checkpoints entry.
+    """A checkpoint as MARSYS's list_checkpoints entry.
 
     Metadata travels as a protobuf Struct, so its numbers come back as floats.
     """
@@ -398,7 +398,7 @@ class StateManager:
         No data is copied. The name defaults to stratad's ``checkpoint-<version>``.
         A session without state has nothing to pin: `~stratad.errors.NotFoundError`
         (no session) or `~stratad.errors.FailedPreconditionError` (nothing saved),
-        since the seed's ``-> str`` has no "nothing" to return.
+        since MARSYS's ``-> str`` has no "nothing" to return.
         """
         checkpoint = await self._conn.client().create_checkpoint(
             session_id, checkpoint_name or "", metadata=metadata
@@ -497,7 +497,7 @@ def _connection_for(backend: StorageBackend | None, connection: Connection) -> _
 
 
 class StorageBackend(ABC):
-    """The seed's abstract key-value storage for JSON-compatible dicts."""
+    """MARSYS's abstract key-value storage for JSON-compatible dicts."""
 
     @abstractmethod
     async def save(self, key: str, data: dict[str, Any]) -> None: ...

@@ -1,4 +1,4 @@
-"""An agent loop's execution state and reasoning context (seed 003, Cogency).
+"""An agent loop's execution state and reasoning context (Cogency's).
 
 ``SessionState.structured["agent"]``::
 
@@ -6,8 +6,8 @@
                    response, pending_calls, completed_calls},
      "reasoning": {goal, strategy, facts, insights, thoughts}}
 
-``stop_reason`` and ``response`` are "" for the seed's None. Bounds: insights
-10 newest unique, thoughts 5 newest (the seed's); facts 20 newest keys
+``stop_reason`` and ``response`` are "" for Cogency's None. Bounds: insights
+10 newest unique, thoughts 5 newest (Cogency's); facts 20 newest keys
 (Cogency's update_facts); completed calls 100 newest (stratad's, so the
 state stays bounded). Record kinds: agent.start, agent.reasoning,
 agent.tools, agent.advance, agent.stop. Every record carries what its
@@ -34,7 +34,7 @@ MAX_COMPLETED_CALLS = 100
 DEFAULT_MAX_ITERATIONS = 10
 MAX_ITERATIONS_LIMIT = 1_000_000
 DEFAULT_MODE = "adapt"
-#: CompressContext's default (the seed's max_tokens, applied to characters).
+#: CompressContext's default (Cogency's max_tokens, applied to characters).
 DEFAULT_COMPRESS_CHARS = 1000
 MAX_CALLS = 1000
 
@@ -50,7 +50,7 @@ def facet_of(state: SessionState) -> dict[str, Any]:
 
 
 def should_continue(execution: dict[str, Any]) -> bool:
-    """The seed's ExecutionState.should_continue, exactly."""
+    """Cogency's ExecutionState.should_continue, exactly."""
     return (
         execution["iteration"] < execution["max_iterations"]
         and not execution["response"]
@@ -283,7 +283,7 @@ class Agents:
         def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], dict[str, Any]]:
             agent = facet_of(live.state)
             full = dict(body)
-            if thinking:  # the seed's datetime.now().isoformat(), fixed in the record
+            if thinking:  # Cogency's datetime.now().isoformat(), fixed in the record
                 stamp = dt.datetime.fromtimestamp(at).isoformat()
                 full["thought"] = {"thinking": thinking, "tool_calls": calls, "timestamp": stamp}
             return full, apply_reasoning(agent, full)

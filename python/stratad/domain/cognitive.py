@@ -1,4 +1,4 @@
-"""The three-layer cognitive state of a session (seed 000, corteX StateFileManager).
+"""The three-layer cognitive state of a session (corteX's StateFileManager).
 
 ``SessionState.structured["cognitive"]``::
 
@@ -29,7 +29,7 @@ from stratad.errors import AlreadyExistsError, FailedPreconditionError, InvalidA
 FACET = "cognitive"
 OPEN = "open"
 RESOLVED = "resolved"
-#: BuildContext's default budget (the seed's max_tokens default).
+#: BuildContext's default budget (corteX's max_tokens default).
 DEFAULT_MAX_TOKENS = 2000
 MAX_CONTEXT_TOKENS = 1 << 20
 #: Fluid fields UpdateFluid may change: request name -> state name.
@@ -472,9 +472,9 @@ def _newest_first(items: list[Any]) -> Iterator[tuple[int, Any]]:
 
 
 def build_context(cog: dict[str, Any], max_tokens: int) -> ContextResult:
-    """The seed's markdown context, within `max_tokens` (see estimate_tokens).
+    """corteX's markdown context, within `max_tokens` (see estimate_tokens).
 
-    Sections in the seed's order: Goal, Constraints, Success Criteria,
+    Sections in corteX's order: Goal, Constraints, Success Criteria,
     Progress, Current Focus, Key Decisions, Unresolved Errors, then the rest
     of the insight layer (Learned Constraints, Entity Relationships, Pattern
     Observations); empty sections are left out. When everything does not fit,

@@ -1,4 +1,4 @@
-"""User profiles (seed 003's situated memory): per tenant and user, not per session.
+"""User profiles (Cogency's situated memory): per tenant and user, not per session.
 
 Every session of a user shares the profile, so profiles live beside the
 sessions, one journal per tenant: ``<data>/tenants/<tenant>/profiles/journal``
@@ -47,11 +47,11 @@ MAX_GOALS = 10
 MAX_EXPERTISE = 15
 MAX_PROJECTS = 10
 MAX_PATTERNS = 5
-#: stratad's bounds for what the seed leaves unbounded.
+#: stratad's bounds for what Cogency leaves unbounded.
 MAX_INTERESTS = 15
 MAX_CONSTRAINTS = 10
 MAX_PREFERENCES = 100
-#: CompressProfile's default (the seed's max_tokens, applied to characters).
+#: CompressProfile's default (Cogency's max_tokens, applied to characters).
 DEFAULT_COMPRESS_CHARS = 800
 
 
@@ -127,7 +127,7 @@ def update_from_interaction(
 
 
 def compress(profile: dict[str, Any], max_tokens: int = DEFAULT_COMPRESS_CHARS) -> str:
-    """The seed's compress(profile): its sections, cut to max_tokens characters."""
+    """Cogency's compress(profile): its sections, cut to max_tokens characters."""
     sections = []
     if profile["communication_style"]:
         sections.append(f"COMMUNICATION: {profile['communication_style']}")
@@ -153,7 +153,7 @@ def compress(profile: dict[str, Any], max_tokens: int = DEFAULT_COMPRESS_CHARS) 
 
 
 def validate_insights(insights: dict[str, Any]) -> dict[str, Any]:
-    """Check an UpdateProfile's interaction insights (the seed's dict keys)."""
+    """Check an UpdateProfile's interaction insights (Cogency's dict keys)."""
     known = {
         "preferences", "goals", "expertise", "communication_style", "project_context",
         "success_pattern", "failure_pattern", "interests", "constraints",

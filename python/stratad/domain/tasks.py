@@ -1,4 +1,4 @@
-"""Tasks and global state of a session (seed 002, AIWhisperer's state dict).
+"""Tasks and global state of a session (AIWhisperer's state dict).
 
 ``SessionState.structured["tasks"]``::
 
@@ -7,7 +7,7 @@
                          "created_at": float, "updated_at": float}},
      "global_state": {key: <JSON>}}
 
-As in the seed, updating the status or storing the result of an unknown task
+As in AIWhisperer, updating the status or storing the result of an unknown task
 creates it; a task created by its result has no status yet. Record kinds:
 task.status, task.result, task.global.
 """
@@ -35,7 +35,7 @@ MAX_GLOBAL_KEYS = 10_000
 
 
 class TaskStatus(enum.StrEnum):
-    """The seed's four statuses, spelled as the seed spells them."""
+    """AIWhisperer's four statuses, spelled as AIWhisperer spells them."""
 
     PENDING = "pending"
     IN_PROGRESS = "in-progress"

@@ -1,7 +1,7 @@
-"""The MCP prompt: the seed's "Similar Past Success" crystal prompt for a goal (seed 001).
+"""The MCP prompt: corteX's "Similar Past Success" crystal prompt for a goal.
 
 ``similar_past_success`` asks the daemon for the crystals that best match a goal
-(QueryCrystals) and renders each with ApplyCrystal, the seed's format::
+(QueryCrystals) and renders each with ApplyCrystal, in corteX's MemoryCrystallizer format::
 
     ## Similar Past Success (85% effective, used 3x)
     Goal pattern: Deploy {file_path} to {url}

@@ -15,7 +15,7 @@ AdminService. The tenant so settled reaches servicers through `tenant_of`
 (servicers/base.py), which reads `authenticated_tenant`.
 
 Health is open to everyone (probes carry no credentials). With ``auth``
-off, nothing is checked and the tenant is the header's, as before.
+off, nothing is checked and the tenant is the one the header names.
 
 Every AdminService call (with auth on or off) and every refusal writes one
 JSON line to the ``stratad.audit`` logger: event, identity, role, tenant,

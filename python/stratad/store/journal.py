@@ -161,7 +161,7 @@ def dumps(fields: dict[str, Any]) -> bytes:
     1,300-checkpoint session snapshot: 0.17 ms against 2.9 ms), which matters
     on every journaled call; what orjson refuses (integers beyond 64 bits,
     non-string keys, strings that are not valid UTF-8) goes to the standard
-    library, which writes it as before. NaN and infinities never get here: the
+    library's encoder, which takes them. NaN and infinities never get here: the
     API refuses them (stratad/values.py)."""
     try:
         return orjson.dumps(fields)

@@ -6,7 +6,7 @@ CRC-32 of the header) followed by its frame (see docs/native.md): magic,
 sizes, the digest of the uncompressed content and the zstd payload. Packs are
 append-only; a new one starts when the active one passes `PACK_BYTES`. A
 save therefore creates no file, and the disk space used tracks the bytes
-stored (one small file per object used to cost a 4 KiB block each). The
+stored (one file per object costs a whole 4 KiB block, however small). The
 in-memory index (digest -> pack, offset, size) is rebuilt at start-up by
 reading the entry headers. Objects of the earlier layout, one file per object
 under `<tenant>/objects/ab/<rest of hex digest>`, are still read and

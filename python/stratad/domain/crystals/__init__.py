@@ -1,5 +1,5 @@
 """Crystal memory: reusable patterns extracted from successful runs, one library
-per tenant (corteX's ``MemoryCrystallizer``, seed 001). User guide: docs/crystals.md.
+per tenant (corteX's ``MemoryCrystallizer``). User guide: docs/crystals.md.
 
 The package, by concern, each module importing only those above it:
 

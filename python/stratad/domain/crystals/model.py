@@ -1,9 +1,9 @@
 """The crystal itself: types, limits, input validation and the extraction rules.
 
-Crystal memory is corteX's ``MemoryCrystallizer`` (seed 001) as a service:
+Crystal memory is corteX's ``MemoryCrystallizer`` as a service:
 reusable patterns extracted from successful runs, one library per tenant (user
 guide: docs/crystals.md). This module is the part that needs no storage: what a
-crystal is, what input is accepted, and the seed's pure logic, with stratad's
+crystal is, what input is accepted, and corteX's pure logic, with stratad's
 precise definitions:
 
 - **Crystallize** stores nothing when ``success_score < min_success_score``
@@ -66,7 +66,7 @@ DEFAULT_TOP_K = 3
 MAX_TOP_K = crystal_format.MAX_TOP_K
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
-#: stratad's bounds for what the seed leaves unbounded.
+#: stratad's bounds for what corteX leaves unbounded.
 MAX_TEXT_CHARS = 8192
 MAX_TRACE_STEPS = 10_000
 _MAX_SESSION_IN_ID = 96
@@ -78,7 +78,7 @@ _TOKEN_RE = re.compile(r"c(0|[1-9][0-9]{0,18})")
 
 @dataclass(frozen=True, slots=True)
 class TraceStep:
-    """One step of an execution trace (the seed's dict; "" is an absent key)."""
+    """One step of an execution trace (corteX's dict; "" is an absent key)."""
 
     decision: str = ""
     tool: str = ""
@@ -150,7 +150,7 @@ class Stats:
     journal_bytes: int
 
 
-# -- pure functions (the seed's logic) ---------------------------------------------
+# -- pure functions (corteX's logic) ----------------------------------------------
 
 
 def _text(value: object, what: str, *, limit: int = MAX_TEXT_CHARS) -> str:

@@ -77,10 +77,11 @@ class _Encoder:
     """Serializes checkpoints into the layout, reusing the pieces of earlier puts
     of the same (thread, namespace, channel): a value whose channel version is
     the same (LangGraph changes a channel's version whenever its value changes),
-    and the leading elements of a list that are the same objects as before
-    (LangGraph's reducers, `add_messages` included, build a new list and replace
-    elements rather than change them). Elements a task wrote (put_writes) since
-    are serialized again. LRU, bounded in bytes; max_bytes 0: no memory."""
+    and the leading elements of a list that are the same objects as in the
+    earlier put (LangGraph's reducers, `add_messages` included, build a new list
+    and replace elements rather than change them). Elements a task wrote
+    (put_writes) since are serialized again. LRU, bounded in bytes; max_bytes 0:
+    no memory."""
 
     def __init__(self, serde: SerializerProtocol, max_bytes: int) -> None:
         self.serde = serde

@@ -649,7 +649,7 @@ def _iso(moment: datetime.datetime) -> str:
 
 def _local_iso_as_utc(text: Any) -> str | None:
     """An ISO time without a zone, written in the daemon's local time (the agent
-    state's thought timestamps, as the seed writes them), in UTC; None if not one."""
+    state's thought timestamps, as Cogency writes them), in UTC; None if not one."""
     if not isinstance(text, str):
         return None
     try:

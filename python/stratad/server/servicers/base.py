@@ -91,7 +91,8 @@ class Servicer:
         moment the mutation is durable, without waiting for the event loop to
         resume this call (one thread hand-off less per save); the rest of the
         call (announcing the change to watchers, metrics) follows. With
-        synchronous replication the answer waits for the replica as before."""
+        synchronous replication nothing is answered early: the answer leaves
+        by the ordinary path, once the replica holds the record."""
         answer_early = getattr(context, "answer_early", None)
         answer: M | None = None
 

@@ -41,7 +41,7 @@ def profile_to_pb(p: dict[str, Any]) -> profile_pb2.UserProfile:
 
 
 def insights_of(request: profile_pb2.UpdateProfileRequest) -> dict[str, Any]:
-    """The seed's interaction_insights dict: only the keys the request sets."""
+    """Cogency's interaction_insights dict: only the keys the request sets."""
     insights: dict[str, Any] = {}
     if request.preferences:
         insights["preferences"] = {
