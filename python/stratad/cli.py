@@ -9,7 +9,9 @@
 This module runs what the parser (`stratad.cli_parser`) parsed.
 
 Exit codes: 0 after a clean shutdown, 1 when the daemon cannot start (data
-directory in use, address taken), 2 for usage and configuration errors.
+directory in use, address taken), 2 for usage and configuration errors, and
+for `serve`, `keygen` and `rotate-key` where the daemon's dependencies (the
+``server`` extra) are not installed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 from stratad import ctl
 from stratad.cli_parser import build_parser
@@ -31,6 +34,13 @@ EXIT_OK = 0
 EXIT_START_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+#: The top-level modules of the ``server`` extra's packages (pyproject.toml):
+#: what the daemon imports and an agent's plain ``pip install stratad`` lacks.
+DAEMON_MODULES: Final = frozenset(
+    {"grpc_reflection", "prometheus_client", "obstore", "cryptography", "orjson"}
+)
+SERVER_INSTALL: Final = "pip install 'stratad[server]'"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,8 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "ctl":
         return ctl.main(args, parser)
     if args.command == "keygen":
-        from stratad.store.crypto import new_master_key_text
-
+        try:
+            from stratad.store.crypto import new_master_key_text
+        except ImportError as exc:
+            return _without_server_extra("keygen", exc)
         print(new_master_key_text())
         return 0
     if args.command == "rotate-key":
@@ -56,9 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     # Imported here so that `stratad --version` and config errors stay fast
-    # and do not need grpc.
-    from stratad.server.app import serve
-    from stratad.server.logging_setup import setup_logging
+    # and do not need grpc, and so that the rest of the command works where
+    # only the SDK's dependencies are installed.
+    try:
+        from stratad.server.app import serve
+        from stratad.server.logging_setup import setup_logging
+    except ImportError as exc:
+        return _without_server_extra("serve", exc)
 
     try:
         flags = {option.name: getattr(args, option.name) for option in OPTIONS}
@@ -97,7 +113,10 @@ def _config_file_problem(config: Config) -> str | None:
 
 
 def _rotate_key(args: argparse.Namespace) -> int:
-    from stratad.store.crypto import rotate_data_dir
+    try:
+        from stratad.store.crypto import rotate_data_dir
+    except ImportError as exc:
+        return _without_server_extra("rotate-key", exc)
 
     old = tuple(p.strip() for p in args.encryption_old_key_files.split(",") if p.strip())
     try:
@@ -109,6 +128,20 @@ def _rotate_key(args: argparse.Namespace) -> int:
     except StratadError as exc:
         return _fail(exc.message, EXIT_START_FAILED)
     return 0
+
+
+def _without_server_extra(command: str, exc: ImportError) -> int:
+    """One line naming the extra when ``exc`` is a daemon dependency missing
+    (an SDK-only install); any other import error is a bug: raised as is."""
+    missing = (exc.name or "").partition(".")[0]
+    if missing not in DAEMON_MODULES:
+        raise exc
+    print(
+        f"stratad {command} needs the daemon's dependencies: {SERVER_INSTALL} "
+        f"(no module named {missing!r})",
+        file=sys.stderr,
+    )
+    return EXIT_USAGE
 
 
 def _fail(message: str, code: int) -> int:
