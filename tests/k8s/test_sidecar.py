@@ -9,7 +9,9 @@
 2. An invalid stratad.toml keeps the pod in its init phase: the sidecar
    exits with the config error, Kubernetes restarts it with back-off, the
    agent never starts, and `kubectl logs deploy/agent -c stratad` (what
-   docs/deploy.md tells the operator to run) names the bad key.
+   docs/deploy.md tells the operator to run) names the bad key. So does the
+   sidecar's termination message (terminationMessagePolicy:
+   FallbackToLogsOnError), and with it `kubectl describe pod`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from kube import (
 )
 
 SELECTOR = "app.kubernetes.io/name=agent"
+#: What stratad says about the misspelt key in test_invalid_config_keeps_the_agent_from_starting.
+BAD_KEY = "config error: unknown key 'grace_periode'"
 
 
 def plain_manifests() -> tuple[dict, dict, dict]:
@@ -128,6 +132,14 @@ def test_invalid_config_keeps_the_agent_from_starting(cluster: Cluster, ns: str)
     sidecar, agent = status["stratad"], status["agent"]
     last = sidecar["lastState"]["terminated"]
     assert last["exitCode"] == 2, last  # stratad's usage/config error exit code
+    # The end of the sidecar's log is its termination message (the manifest's
+    # terminationMessagePolicy: FallbackToLogsOnError), in the pod's status.
+    assert container(pod["spec"], "stratad")["terminationMessagePolicy"] == (
+        "FallbackToLogsOnError"
+    )
+    terminated = [last, sidecar["state"].get("terminated", {})]
+    messages = [t.get("message", "") for t in terminated]
+    assert any(BAD_KEY in m for m in messages), sidecar
     # The agent never started: still waiting for the init phase to end.
     assert agent["state"].get("waiting", {}).get("reason") == "PodInitializing", agent
     assert not agent.get("started") and not agent.get("lastState"), agent
@@ -136,9 +148,11 @@ def test_invalid_config_keeps_the_agent_from_starting(cluster: Cluster, ns: str)
 
     # What docs/deploy.md says to run: the logs name the bad key.
     logs = cluster.kubectl("logs", "-n", ns, "deploy/agent", "-c", "stratad").stdout
-    assert "config error: unknown key 'grace_periode'" in logs, logs
+    assert BAD_KEY in logs, logs
     assert "/etc/stratad/stratad.toml" in logs, logs
-    # And `kubectl describe` shows the container restarting and why the pod waits.
+    # And `kubectl describe` shows the container restarting, why the pod waits,
+    # and (the termination message) the error itself.
     described = cluster.kubectl("describe", "pod", "-n", ns, name).stdout
     assert "CrashLoopBackOff" in described, described
     assert re.search(r"Exit Code:\s+2\n", described), described
+    assert BAD_KEY in described, described

@@ -2,9 +2,10 @@
 
 Schema validity is checked by kubeconform in scripts/check_deploy.sh; these
 tests check meaning: a native sidecar with gRPC probes on the port stratad
-listens on, a locked-down security context, resources, a grace period longer
-than stratad's drain, the data directory on a volume, and a ConfigMap whose
-stratad.toml stratad's own config loader accepts. They run on deploy/k8s/ and,
+listens on and the end of its log as termination message when it fails, a
+locked-down security context, resources, a grace period longer than stratad's
+drain, the data directory on a volume, and a ConfigMap whose stratad.toml
+stratad's own config loader accepts. They run on deploy/k8s/ and,
 when helm is at hand (.tools/bin/helm, installed by `make deploy-check`, or
 STRATAD_RENDERED_DIR pointing at rendered output), on the chart's renderings.
 """
@@ -128,6 +129,9 @@ def check_workload(docs: list[Doc], workload: Doc, tmp_path: Path) -> None:
     # A native sidecar: an init container that keeps running.
     assert stratad["restartPolicy"] == "Always"
     assert stratad.get("args", ["serve"])[0] == "serve"
+    # When it exits with an error (a bad stratad.toml), the end of its log is the
+    # termination message, so `kubectl describe pod` shows why (docs/deploy.md).
+    assert stratad.get("terminationMessagePolicy") == "FallbackToLogsOnError"
 
     # gRPC probes on the health service, on the port stratad listens on (pod IP).
     assert config.listen.startswith("0.0.0.0:"), "kubelet probes dial the pod IP"

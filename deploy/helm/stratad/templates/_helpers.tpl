@@ -202,6 +202,9 @@ spec:
       image: {{ include "stratad.image" . }}
       imagePullPolicy: {{ .Values.stratad.image.pullPolicy }}
       restartPolicy: Always
+      # If stratad exits with an error (a bad stratad.toml), the end of its
+      # log becomes the termination message: `kubectl describe pod` shows why.
+      terminationMessagePolicy: FallbackToLogsOnError
       args: ["serve"]
       env:
         - name: STRATAD_CONFIG
