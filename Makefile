@@ -115,7 +115,7 @@ ZIG ?= 0
 wheel: ## Build the stratad wheel into dist/ (abi3, manylinux; needs Rust; ZIG=1: manylinux2014 via zig)
 	ZIG=$(ZIG) bash scripts/build-wheel.sh
 
-wheel-test: $(STAMP) wheel ## Install dist/'s wheel in a fresh venv without Rust; run serve, the SDK, LangGraph
+wheel-test: $(STAMP) wheel ## Install dist/'s wheel without Rust: an agent venv (no daemon deps) and a [server] venv; serve, SDK, LangGraph
 	STRATAD_WHEEL="$$(ls dist/stratad-*.whl)" $(PY) -m pytest -q tests/e2e/test_wheel_install.py
 
 deploy-check: $(STAMP) ## Check deploy/ offline: hadolint, Dockerfile build steps, helm lint/template, kubeconform
