@@ -269,6 +269,12 @@ def test_replace_structured_state_refuses_what_it_cannot_serve(daemon: Daemon) -
             (b'{"agent": {"query": "x"}}', "'agent' facet"),
             (b'{"tasks": {"tasks": {"t": {"status": 7}}}}', "'tasks' facet"),
             (b'{"cognitive": {"x": NaN}}', "JSON"),
+            # The facet's parse names the field (the facet's JSON path).
+            (b'{"tasks": {"tasks": {}, "global_state": {}, "x": 1}}', "tasks: unknown key 'x'"),
+            (
+                b'{"agent": {"execution": {}, "reasoning": {}}}',
+                "'agent' facet is not one stratad can serve: agent.execution.query: required",
+            ),
         ]:
             with pytest.raises(grpc.RpcError) as excinfo:
                 client.sessions.ReplaceStructuredState(
@@ -280,3 +286,22 @@ def test_replace_structured_state_refuses_what_it_cannot_serve(daemon: Daemon) -
         # Nothing was journaled, and the session still serves.
         assert client.get_session("s").version == version
         assert client.save_state("s", b"fine").version == version + 1
+
+        # A facet the daemon wrote, with one field wrong: refused naming the field.
+        cognitive = cognitive_pb2_grpc.CognitiveStateServiceStub(client.channel)
+        client.call(cognitive.Initialize, cognitive_pb2.InitializeRequest(session_id="s", goal="g"))
+        got = client.sessions.GetStructuredState(
+            session_pb2.GetStructuredStateRequest(session_id="s"), metadata=client.metadata
+        )
+        structured = json.loads(got.structured_json)
+        structured["cognitive"]["fluid"]["progress"] = "x"
+        request = session_pb2.ReplaceStructuredStateRequest(
+            session_id="s", structured_json=json.dumps(structured).encode()
+        )
+        with pytest.raises(grpc.RpcError) as excinfo:
+            client.sessions.ReplaceStructuredState(request, metadata=client.metadata)
+        assert excinfo.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "cognitive.fluid.progress: expected a number between 0 and 1, got 'x'" in (
+            excinfo.value.details() or ""
+        )
+        assert client.get_session("s").version == got.version

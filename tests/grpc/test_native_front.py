@@ -40,7 +40,7 @@ from stratad.config import Config
 from stratad.server import front
 from stratad.server.app import ServerStartError
 from stratad.server.registry import SERVICES
-from stratad.server.servicers.checkpoint import INLINE_SAVE_BYTES
+from stratad.server.runner import INLINE_BUDGETS, SAVE_BYTES
 
 DEADLINE = 15.0
 
@@ -403,10 +403,10 @@ def test_stream_read_ahead_is_charged_and_given_back(inprocess_server: Callable[
     budget = server.resources.budget
     channel, sessions, checkpoints = _stubs(server.target)
     # Small enough that any batch of them is saved on the event loop, where the
-    # held commit holds it (a batch over INLINE_SAVE_BYTES goes to a worker and
+    # held commit holds it (a batch over the SAVE_BYTES budget goes to a worker and
     # fsyncs there, not held: the rest would then be answered, not read ahead).
     size, count = 8_000, 10
-    assert size * count <= INLINE_SAVE_BYTES
+    assert size * count <= INLINE_BUDGETS[SAVE_BYTES].limit
     with channel:
         sessions.CreateSession(session_pb2.CreateSessionRequest(session_id="ra"), timeout=DEADLINE)
         undo = _slow_commits(server, 60.0)  # the first save holds; the rest wait read ahead

@@ -19,9 +19,11 @@ from stratad.domain import checkpoints as domain
 from stratad.domain.checkpoints import SaveInput
 from stratad.domain.engine import Engine
 from stratad.sdk.upload import Uploader
-from stratad.server.servicers.checkpoint import INLINE_SAVE_BYTES, save_input
+from stratad.server.runner import INLINE_BUDGETS, SAVE_BYTES
+from stratad.server.servicers.checkpoint import save_input
 
 STEP = 2_000
+INLINE_SAVE_BYTES = INLINE_BUDGETS[SAVE_BYTES].limit
 
 
 @pytest.fixture

@@ -13,12 +13,16 @@ state stays bounded). Record kinds: agent.start, agent.reasoning,
 agent.tools, agent.advance, agent.stop. Every record carries what its
 reducer needs (thought timestamps included), and the reducer is the same
 pure function the live update used.
+
+The shape is `AgentFacet` (TypedDicts: the JSON above, nothing else);
+`parse` checks a facet from outside against it (ReplaceStructuredState).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 from stratad.domain import structured as st
 from stratad.domain.models import SessionState, reducer
@@ -37,10 +41,128 @@ DEFAULT_MODE = "adapt"
 #: CompressContext's default (Cogency's max_tokens, applied to characters).
 DEFAULT_COMPRESS_CHARS = 1000
 MAX_CALLS = 1000
+#: The largest iteration count (ExecutionState's int32 fields).
+MAX_ITERATION = (1 << 31) - 1
+#: The longest `mode` and thought timestamp.
+MAX_SHORT_TEXT = 64
+
+T = TypeVar("T")
 
 
-def facet_of(state: SessionState) -> dict[str, Any]:
-    agent: dict[str, Any] | None = state.structured.get(FACET)
+# -- the facet's shape ----------------------------------------------------------------------
+
+
+class ToolCall(TypedDict):
+    """A tool call as Cogency validates it (see `_tool_call`)."""
+
+    name: str
+    args: st.JsonObject
+    id: NotRequired[st.Json]
+
+
+class Thought(TypedDict):
+    thinking: str
+    tool_calls: list[ToolCall]
+    timestamp: str  # Cogency's datetime.now().isoformat()
+
+
+class Execution(TypedDict):
+    query: str
+    user_id: str
+    iteration: int
+    max_iterations: int
+    mode: str
+    stop_reason: str  # "" for Cogency's None
+    response: str  # "" for Cogency's None
+    pending_calls: list[ToolCall]
+    completed_calls: list[st.JsonObject]
+
+
+class Reasoning(TypedDict):
+    goal: str
+    strategy: str
+    facts: st.JsonObject  # in the order they were added
+    insights: list[str]
+    thoughts: list[Thought]
+
+
+class AgentFacet(TypedDict):
+    """``SessionState.structured["agent"]``."""
+
+    execution: Execution
+    reasoning: Reasoning
+
+
+class ReasoningRecord(TypedDict, total=False):
+    """The body of an agent.reasoning record: what update_from_reasoning changes."""
+
+    tool_calls: list[ToolCall]
+    goal: str
+    strategy: str
+    insights: list[str]
+    facts: list[list[st.Json]]  # [key, value] pairs
+    response: str
+    thought: Thought
+
+
+def parse(raw: object) -> AgentFacet:
+    """`raw` as an agent facet, or INVALID_ARGUMENT naming the first field that is not.
+
+    Accepts what the facet's own RPCs store (Cogency's bounds included), so a
+    facet that parses is one every reader serves (see structured.py).
+    """
+    agent = st.want_object(raw, FACET, tuple(AgentFacet.__annotations__))
+    path = f"{FACET}.execution"
+    e = st.want_object(agent["execution"], path, tuple(Execution.__annotations__))
+    st.want_text(e["query"], f"{path}.query")
+    st.want_id(e["user_id"], f"{path}.user_id")
+    st.want_int(e["iteration"], f"{path}.iteration", 0, MAX_ITERATION)
+    st.want_int(e["max_iterations"], f"{path}.max_iterations", 1, MAX_ITERATIONS_LIMIT)
+    st.want_text(e["mode"], f"{path}.mode", limit=MAX_SHORT_TEXT)
+    st.want_text(e["stop_reason"], f"{path}.stop_reason")
+    st.want_text(e["response"], f"{path}.response")
+    pending = st.want_list(e["pending_calls"], f"{path}.pending_calls", max_items=MAX_CALLS)
+    for i, call in enumerate(pending):
+        _parse_call(call, f"{path}.pending_calls[{i}]")
+    completed = st.want_list(
+        e["completed_calls"], f"{path}.completed_calls", max_items=MAX_COMPLETED_CALLS
+    )
+    for i, result in enumerate(completed):
+        st.want_json_object(result, f"{path}.completed_calls[{i}]")
+
+    path = f"{FACET}.reasoning"
+    r = st.want_object(agent["reasoning"], path, tuple(Reasoning.__annotations__))
+    st.want_text(r["goal"], f"{path}.goal")
+    st.want_text(r["strategy"], f"{path}.strategy")
+    for key, value in st.want_map(r["facts"], f"{path}.facts", max_items=MAX_FACTS).items():
+        st.want_json(value, f"{path}.facts[{key!r}]")
+    st.want_texts(r["insights"], f"{path}.insights", max_items=MAX_INSIGHTS)
+    thoughts = st.want_list(r["thoughts"], f"{path}.thoughts", max_items=MAX_THOUGHTS)
+    for i, item in enumerate(thoughts):
+        where = f"{path}.thoughts[{i}]"
+        t = st.want_object(item, where, tuple(Thought.__annotations__))
+        st.want_text(t["thinking"], f"{where}.thinking")
+        calls = st.want_list(t["tool_calls"], f"{where}.tool_calls", max_items=MAX_CALLS)
+        for j, call in enumerate(calls):
+            _parse_call(call, f"{where}.tool_calls[{j}]")
+        st.want_text(t["timestamp"], f"{where}.timestamp", limit=MAX_SHORT_TEXT)
+    return cast(AgentFacet, agent)
+
+
+def _parse_call(raw: object, path: str) -> None:
+    call = st.want_object(raw, path, ("name", "args"), ("id",))
+    st.want_text(call["name"], f"{path}.name", limit=st.MAX_JSON_BYTES)  # bounded by the request
+    st.want_json_object(call["args"], f"{path}.args")
+    if "id" in call:
+        st.want_json(call["id"], f"{path}.id")
+
+
+def facet_of(state: SessionState) -> AgentFacet:
+    """The session's agent facet; FAILED_PRECONDITION before StartAgent.
+
+    Typed without parsing: what the facet holds was written by the reducers
+    below or passed `parse` (see structured.py)."""
+    agent: AgentFacet | None = state.structured.get(FACET)
     if agent is None:
         raise FailedPreconditionError(
             f"session {state.session_id!r} has no agent state yet: call StartAgent first",
@@ -49,7 +171,7 @@ def facet_of(state: SessionState) -> dict[str, Any]:
     return agent
 
 
-def should_continue(execution: dict[str, Any]) -> bool:
+def should_continue(execution: Execution) -> bool:
     """Cogency's ExecutionState.should_continue, exactly."""
     return (
         execution["iteration"] < execution["max_iterations"]
@@ -71,7 +193,7 @@ def learn(insights: list[str], insight: str) -> list[str]:
     return insights
 
 
-def update_facts(facts: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+def update_facts(facts: st.JsonObject, key: str, value: st.Json) -> st.JsonObject:
     """Cogency's update_facts: set, keep the 20 most recently added keys."""
     if key and key.strip():
         facts = {**facts, key: value}
@@ -80,9 +202,9 @@ def update_facts(facts: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     return facts
 
 
-def apply_reasoning(agent: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def apply_reasoning(agent: AgentFacet, body: ReasoningRecord) -> AgentFacet:
     """update_from_reasoning on a copy: the new agent facet."""
-    execution, reasoning = dict(agent["execution"]), dict(agent["reasoning"])
+    execution, reasoning = agent["execution"].copy(), agent["reasoning"].copy()
     thought = body.get("thought")
     if thought is not None:  # record_thinking
         reasoning["thoughts"] = [*reasoning["thoughts"], thought][-MAX_THOUGHTS:]
@@ -95,62 +217,70 @@ def apply_reasoning(agent: dict[str, Any], body: dict[str, Any]) -> dict[str, An
     for insight in body.get("insights", ()):
         reasoning["insights"] = learn(reasoning["insights"], insight)
     for fact_key, value in body.get("facts", ()):
-        reasoning["facts"] = update_facts(reasoning["facts"], fact_key, value)
+        # A string: Agents.apply_reasoning checked it before journaling.
+        reasoning["facts"] = update_facts(reasoning["facts"], cast(str, fact_key), value)
     if "response" in body:
         execution["response"] = body["response"]
     return {"execution": execution, "reasoning": reasoning}
 
 
-def finish_tools(agent: dict[str, Any], results: list[Any]) -> dict[str, Any]:
-    execution = dict(agent["execution"])
+def finish_tools(agent: AgentFacet, results: list[st.JsonObject]) -> AgentFacet:
+    execution = agent["execution"].copy()
     execution["completed_calls"] = [*execution["completed_calls"], *results][-MAX_COMPLETED_CALLS:]
     execution["pending_calls"] = []
     return {"execution": execution, "reasoning": agent["reasoning"]}
 
 
-def advance_iteration(agent: dict[str, Any]) -> dict[str, Any]:
-    execution = {**agent["execution"], "iteration": agent["execution"]["iteration"] + 1}
+def advance_iteration(agent: AgentFacet) -> AgentFacet:
+    execution: Execution = {
+        **agent["execution"],
+        "iteration": agent["execution"]["iteration"] + 1,
+    }
     return {"execution": execution, "reasoning": agent["reasoning"]}
 
 
-def stop(agent: dict[str, Any], reason: str) -> dict[str, Any]:
+def stop(agent: AgentFacet, reason: str) -> AgentFacet:
     return {
         "execution": {**agent["execution"], "stop_reason": reason},
         "reasoning": agent["reasoning"],
     }
 
 
+# Record bodies are the journal's JSON (models.Reducer: dict[str, Any]); each
+# reducer reads the values its plan below put there into the typed facet.
+
+
 @reducer("agent.start")
 def _apply_start(state: SessionState, body: dict[str, Any]) -> None:
-    state.structured[FACET] = body["agent"]
+    agent: AgentFacet = body["agent"]
+    state.structured[FACET] = agent
 
 
 @reducer("agent.reasoning")
 def _apply_reasoning(state: SessionState, body: dict[str, Any]) -> None:
-    state.structured[FACET] = apply_reasoning(state.structured[FACET], body)
+    record = cast(ReasoningRecord, body)  # what Agents.apply_reasoning journaled
+    state.structured[FACET] = apply_reasoning(facet_of(state), record)
 
 
 @reducer("agent.tools")
 def _apply_tools(state: SessionState, body: dict[str, Any]) -> None:
-    state.structured[FACET] = finish_tools(state.structured[FACET], body["results"])
+    state.structured[FACET] = finish_tools(facet_of(state), body["results"])
 
 
 @reducer("agent.advance")
 def _apply_advance(state: SessionState, body: dict[str, Any]) -> None:
-    state.structured[FACET] = advance_iteration(state.structured[FACET])
+    state.structured[FACET] = advance_iteration(facet_of(state))
 
 
 @reducer("agent.stop")
 def _apply_stop(state: SessionState, body: dict[str, Any]) -> None:
-    state.structured[FACET] = stop(state.structured[FACET], body["stop_reason"])
+    state.structured[FACET] = stop(facet_of(state), body["stop_reason"])
 
 
 # -- the service ---------------------------------------------------------------------------------
 
 
-def compress_for_context(
-    reasoning: dict[str, Any], max_tokens: int = DEFAULT_COMPRESS_CHARS
-) -> str:
+def compress_for_context(reasoning: Reasoning, max_tokens: int = DEFAULT_COMPRESS_CHARS) -> str:
     """ReasoningContext.compress_for_context, exactly (max_tokens counts characters)."""
     sections = []
     if reasoning["goal"]:
@@ -182,12 +312,12 @@ class Agents:
         expected_version: int,
         kind: str,
         body: dict[str, Any],
-        update: Any,
+        update: Callable[[AgentFacet], AgentFacet],
         commit: Commit | None,
-    ) -> st.Applied[dict[str, Any]]:
+    ) -> st.Applied[AgentFacet]:
         """Journal `body`; the result is the agent facet after `update(facet)`."""
 
-        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], AgentFacet]:
             return body, update(facet_of(live.state))
 
         return st.mutate(
@@ -205,15 +335,15 @@ class Agents:
         mode: str = "",
         expected_version: int = 0,
         commit: Commit | None = None,
-    ) -> st.Applied[dict[str, Any]]:
+    ) -> st.Applied[AgentFacet]:
         """A fresh loop for `query`: AgentState(query, user_id) (replaces any earlier loop)."""
         st.text(query, "query", required=True)
         if user_id:
             validate_id(user_id, "user_id")
         if not 0 <= max_iterations <= MAX_ITERATIONS_LIMIT:
             raise InvalidArgumentError(f"max_iterations must be 0-{MAX_ITERATIONS_LIMIT}")
-        st.text(mode, "mode", limit=64)
-        agent = {
+        st.text(mode, "mode", limit=MAX_SHORT_TEXT)
+        agent: AgentFacet = {
             "execution": {
                 "query": query,
                 "user_id": user_id or "default",
@@ -234,7 +364,7 @@ class Agents:
             },
         }
 
-        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], AgentFacet]:
             return {"agent": agent}, agent
 
         return st.mutate(
@@ -247,23 +377,23 @@ class Agents:
         session_id: str,
         *,
         thinking: str = "",
-        tool_calls: list[dict[str, Any]] | None = None,
+        tool_calls: list[st.JsonObject] | None = None,
         goal: str | None = None,
         strategy: str | None = None,
         insights: list[str] | None = None,
-        facts: list[tuple[str, Any]] | None = None,
+        facts: list[tuple[str, st.Json]] | None = None,
         response: str | None = None,
         record_only: bool = False,
         expected_version: int = 0,
         commit: Commit | None = None,
-    ) -> st.Applied[dict[str, Any]]:
+    ) -> st.Applied[AgentFacet]:
         """update_from_reasoning (record_only: record_thinking alone)."""
         st.text(thinking, "thinking")
         calls = [_tool_call(c) for c in _bounded(tool_calls or [], "tool_calls")]
         st.json_value(calls, "tool_calls")
         if record_only and not thinking:
             raise InvalidArgumentError("record_only needs thinking to record")
-        body: dict[str, Any] = {}
+        body: ReasoningRecord = {}
         if calls and not record_only:
             body["tool_calls"] = calls
         if goal is not None:
@@ -280,9 +410,9 @@ class Agents:
         if response is not None:
             body["response"] = st.text(response, "response")
 
-        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        def plan(live: LiveSession, at: float) -> tuple[ReasoningRecord, AgentFacet]:
             agent = facet_of(live.state)
-            full = dict(body)
+            full = body.copy()
             if thinking:  # Cogency's datetime.now().isoformat(), fixed in the record
                 stamp = dt.datetime.fromtimestamp(at).isoformat()
                 full["thought"] = {"thinking": thinking, "tool_calls": calls, "timestamp": stamp}
@@ -302,22 +432,25 @@ class Agents:
         self,
         tenant: str,
         session_id: str,
-        results: list[Any],
+        results: list[st.JsonObject],
         *,
         expected_version: int = 0,
         commit: Commit | None = None,
-    ) -> st.Applied[dict[str, Any]]:
+    ) -> st.Applied[AgentFacet]:
         """finish_tools: the results join the completed calls; no call is pending any more."""
         _bounded(results, "results")
+        for index, result in enumerate(results):
+            if not isinstance(result, dict):
+                raise InvalidArgumentError(f"results[{index}] must be an object")
         st.json_value(results, "results")
-        body = {"results": list(results)}
+        completed = list(results)
         return self._update(
             tenant,
             session_id,
             expected_version,
             "agent.tools",
-            body,
-            lambda agent: finish_tools(agent, body["results"]),
+            {"results": completed},
+            lambda agent: finish_tools(agent, completed),
             commit,
         )
 
@@ -328,7 +461,7 @@ class Agents:
         *,
         expected_version: int = 0,
         commit: Commit | None = None,
-    ) -> st.Applied[dict[str, Any]]:
+    ) -> st.Applied[AgentFacet]:
         return self._update(
             tenant, session_id, expected_version, "agent.advance", {}, advance_iteration, commit
         )
@@ -341,7 +474,7 @@ class Agents:
         *,
         expected_version: int = 0,
         commit: Commit | None = None,
-    ) -> st.Applied[dict[str, Any]]:
+    ) -> st.Applied[AgentFacet]:
         st.text(stop_reason, "stop_reason", required=True)
         return self._update(
             tenant,
@@ -353,7 +486,7 @@ class Agents:
             commit,
         )
 
-    def state(self, tenant: str, session_id: str) -> st.Applied[dict[str, Any]]:
+    def state(self, tenant: str, session_id: str) -> st.Applied[AgentFacet]:
         return st.read(self.sessions, tenant, session_id, facet_of)
 
     def compress(
@@ -371,13 +504,13 @@ class Agents:
         return st.read(self.sessions, tenant, session_id, compress)
 
 
-def _bounded(items: list[Any], what: str) -> list[Any]:
+def _bounded(items: list[T], what: str) -> list[T]:
     if len(items) > MAX_CALLS:
         raise InvalidArgumentError(f"{what} has more than {MAX_CALLS} items")
     return items
 
 
-def _tool_call(call: Any) -> dict[str, Any]:
+def _tool_call(call: object) -> ToolCall:
     """A tool call as Cogency validates it: {"name": str, "args": dict, "id"?}."""
     if not isinstance(call, dict):
         raise InvalidArgumentError("a tool call must be an object")
@@ -387,7 +520,7 @@ def _tool_call(call: Any) -> dict[str, Any]:
     args = call.get("args", {})
     if not isinstance(args, dict):
         raise InvalidArgumentError(f'the "args" of tool call {name!r} must be an object')
-    validated = {"name": name, "args": args}
+    validated: ToolCall = {"name": name, "args": args}
     if "id" in call:
         validated["id"] = call["id"]
     return validated

@@ -146,8 +146,8 @@ class Checkpoints:
         raise FailedPreconditionError("the state's base kept changing; retry the save")
 
     def save_work(self, tenant: str, session_id: str, inp: SaveInput) -> int:
-        """Bytes a save will hash, decode or compress: what decides whether it
-        may run on the event loop (server/servicers/checkpoint.py).
+        """Bytes a save will hash, decode or compress: its cost, which decides
+        whether it may run on the event loop (server/runner.py, SAVE_BYTES).
 
         A whole state is its size. An upload is judged by what it *declares*
         (100 KB of frames can decode to gigabytes): the lengths of the chunks
@@ -166,6 +166,10 @@ class Checkpoints:
             return new + self._kept_bytes_to_hash(tenant, session_id, up)
         except StratadError:
             return up.size + new
+
+    def save_many_work(self, tenant: str, items: list[tuple[str, SaveInput]]) -> int:
+        """`save_work` of a `save_many` batch, which runs as one piece of work."""
+        return sum(self.save_work(tenant, session_id, inp) for session_id, inp in items)
 
     def _kept_bytes_to_hash(self, tenant: str, session_id: str, up: ChunkUpload) -> int:
         """At most what the digest check hashes before the listed chunks: the

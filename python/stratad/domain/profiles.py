@@ -12,7 +12,8 @@ outside it (group commit), and acknowledged only after that.
 A profile is Cogency's UserProfile: preferences, goals (10 newest),
 expertise_areas (15 newest), communication_style, projects (10 most recently
 added), interests, constraints, success/failure patterns (5 newest each),
-created_at, last_updated, interaction_count, synthesis_version (from 1).
+created_at, last_updated, interaction_count, synthesis_version (from 1): the
+TypedDict `Profile`, which `parse` checks a profile from outside against.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from stratad.domain import structured as st
 from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
@@ -53,9 +54,74 @@ MAX_CONSTRAINTS = 10
 MAX_PREFERENCES = 100
 #: CompressProfile's default (Cogency's max_tokens, applied to characters).
 DEFAULT_COMPRESS_CHARS = 800
+#: Longest profile text (a goal, a style, a pattern, ...).
+MAX_PROFILE_TEXT = st.MAX_KEY * 16
 
 
-def new_profile(user_id: str, at: float) -> dict[str, Any]:
+class Profile(TypedDict):
+    """A user's profile: what a profile.put record and GetProfile carry."""
+
+    user_id: str
+    preferences: st.JsonObject  # in the order they were set
+    goals: list[str]
+    expertise_areas: list[str]
+    communication_style: str
+    projects: dict[str, str]  # name -> description, in the order they were added
+    interests: list[str]
+    constraints: list[str]
+    success_patterns: list[str]
+    failure_patterns: list[str]
+    created_at: float
+    last_updated: float
+    interaction_count: int
+    synthesis_version: int
+
+
+class Insights(TypedDict, total=False):
+    """An UpdateProfile: Cogency's interaction_insights keys (only those given)."""
+
+    preferences: st.JsonObject
+    goals: list[str]
+    expertise: list[str]
+    communication_style: str
+    project_context: dict[str, str]
+    success_pattern: str
+    failure_pattern: str
+    interests: list[str]
+    constraints: list[str]
+
+
+def parse(raw: object) -> Profile:
+    """`raw` as a profile, or INVALID_ARGUMENT naming the first field that is not.
+
+    Accepts what UpdateProfile stores (its bounds included), so a profile that
+    parses is one GetProfile and CompressProfile serve.
+    """
+    path = "profile"
+    p = st.want_object(raw, path, tuple(Profile.__annotations__))
+    st.want_id(p["user_id"], f"{path}.user_id")
+    prefs = st.want_map(p["preferences"], f"{path}.preferences", max_items=MAX_PREFERENCES)
+    for key, value in prefs.items():
+        st.want_json(value, f"{path}.preferences[{key!r}]")
+    for name, bound in (
+        ("goals", MAX_GOALS),
+        ("expertise_areas", MAX_EXPERTISE),
+        ("interests", MAX_INTERESTS),
+        ("constraints", MAX_CONSTRAINTS),
+        ("success_patterns", MAX_PATTERNS),
+        ("failure_patterns", MAX_PATTERNS),
+    ):
+        st.want_texts(p[name], f"{path}.{name}", limit=MAX_PROFILE_TEXT, max_items=bound)
+    st.want_text(p["communication_style"], f"{path}.communication_style", limit=MAX_PROFILE_TEXT)
+    st.want_string_map(p["projects"], f"{path}.projects", max_items=MAX_PROJECTS)
+    st.want_time(p["created_at"], f"{path}.created_at")
+    st.want_time(p["last_updated"], f"{path}.last_updated")
+    st.want_int(p["interaction_count"], f"{path}.interaction_count")
+    st.want_int(p["synthesis_version"], f"{path}.synthesis_version", 1)
+    return cast(Profile, p)
+
+
+def new_profile(user_id: str, at: float) -> Profile:
     return {
         "user_id": user_id,
         "preferences": {},
@@ -91,10 +157,10 @@ def _add_pattern(items: list[str], pattern: str | None) -> list[str]:
 
 
 def update_from_interaction(
-    profile: dict[str, Any], insights: dict[str, Any], at: float, *, synthesized: bool = False
-) -> dict[str, Any]:
+    profile: Profile, insights: Insights, at: float, *, synthesized: bool = False
+) -> Profile:
     """UserProfile.update_from_interaction on a copy (plus interests, constraints, synthesis)."""
-    p = dict(profile)
+    p = profile.copy()
     p["interaction_count"] += 1
     p["last_updated"] = at
     if "preferences" in insights:
@@ -126,7 +192,7 @@ def update_from_interaction(
     return p
 
 
-def compress(profile: dict[str, Any], max_tokens: int = DEFAULT_COMPRESS_CHARS) -> str:
+def compress(profile: Profile, max_tokens: int = DEFAULT_COMPRESS_CHARS) -> str:
     """Cogency's compress(profile): its sections, cut to max_tokens characters."""
     sections = []
     if profile["communication_style"]:
@@ -152,21 +218,17 @@ def compress(profile: dict[str, Any], max_tokens: int = DEFAULT_COMPRESS_CHARS) 
     return result[:max_tokens] if len(result) > max_tokens else result
 
 
-def validate_insights(insights: dict[str, Any]) -> dict[str, Any]:
+def validate_insights(insights: Insights) -> Insights:
     """Check an UpdateProfile's interaction insights (Cogency's dict keys)."""
-    known = {
-        "preferences", "goals", "expertise", "communication_style", "project_context",
-        "success_pattern", "failure_pattern", "interests", "constraints",
-    }  # fmt: skip
-    unknown = set(insights) - known
+    unknown = set(insights) - set(Insights.__annotations__)
     if unknown:
         raise InvalidArgumentError(f"unknown profile insight {sorted(unknown)[0]!r}")
     for name in ("goals", "expertise", "interests", "constraints"):
         if name in insights:
-            st.texts(insights[name], name, limit=st.MAX_KEY * 16)
-    for name in ("communication_style", "success_pattern", "failure_pattern"):
-        if name in insights:
-            st.text(insights[name], name, limit=st.MAX_KEY * 16)
+            st.texts(insights[name], name, limit=MAX_PROFILE_TEXT)
+    for text_name in ("communication_style", "success_pattern", "failure_pattern"):
+        if text_name in insights:
+            st.text(insights[text_name], text_name, limit=MAX_PROFILE_TEXT)
     if "preferences" in insights:
         prefs = insights["preferences"]
         if len(prefs) > MAX_PREFERENCES:
@@ -184,7 +246,9 @@ class _TenantProfiles:
     root: Path
     lock: threading.Lock = field(default_factory=threading.Lock)
     journal: Journal | None = None
-    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: user ID -> profile: written by `update_from_interaction` (here or, for
+    #: replicated records, on another daemon) and replayed from the journal.
+    profiles: dict[str, Profile] = field(default_factory=dict)
     snapshot_bytes: int = 0
     damaged: str = ""
     #: Replication (docs/replication.md): the stamp of each profile's last
@@ -257,7 +321,7 @@ class Profiles:
 
     # -- operations ----------------------------------------------------------------
 
-    def get(self, tenant: str, user_id: str) -> dict[str, Any]:
+    def get(self, tenant: str, user_id: str) -> Profile:
         validate_id(user_id, "user_id")
         tp = self._tenant(tenant, create=False)
         if tp is not None:
@@ -269,8 +333,8 @@ class Profiles:
         raise NotFoundError(f"user {user_id!r} has no profile")
 
     def update(
-        self, tenant: str, user_id: str, insights: dict[str, Any], *, synthesized: bool = False
-    ) -> tuple[dict[str, Any], bool]:
+        self, tenant: str, user_id: str, insights: Insights, *, synthesized: bool = False
+    ) -> tuple[Profile, bool]:
         """update_from_interaction, atomically; (the new profile, whether it was created)."""
         validate_id(user_id, "user_id")
         validate_insights(insights)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stratad import native, tracing
-from stratad.domain.events import EventHub, SessionEvent
+from stratad.domain.events import EventHub, SessionEvent, Subscription
 from stratad.domain.models import SessionState, SessionStatus, apply
 from stratad.domain.quotas import Quotas
 from stratad.errors import (
@@ -206,6 +206,40 @@ class SessionReplication(Protocol):
     def compacted(self, live: LiveSession) -> None: ...
 
 
+class SessionWatch:
+    """One watcher of a session's events (`SessionManager.watch`).
+
+    Subscribed when made, so every event published from then on is queued on
+    `subscription`; `kept` then copies the events the session keeps and its
+    version under the session's lock. A writer appends its event to the
+    history under that lock and publishes it after its fsync, outside the
+    lock, so each event is in the copy or queued (or both: a watcher skips
+    versions it has sent), never missing.
+    """
+
+    def __init__(self, hub: EventHub, live: LiveSession) -> None:
+        self._hub = hub
+        self._live = live
+        self.subscription: Subscription = hub.subscribe(live.key)
+
+    def kept(self) -> tuple[list[SessionEvent], int]:
+        """The events the session keeps, oldest first, and its version (takes its lock)."""
+        live = self._live
+        with live.lock:
+            return list(live.history), live.state.version
+
+    def between(self, after: int, upto: int) -> list[SessionEvent]:
+        """The kept events after version `after` up to `upto`, in order: writers
+        publish after their fsync, outside the lock, so events may be queued out
+        of order (takes the session's lock)."""
+        live = self._live
+        with live.lock:
+            return [e for e in live.history if after < e.version <= upto]
+
+    def close(self) -> None:
+        self._hub.unsubscribe(self.subscription)
+
+
 class SessionManager:
     def __init__(
         self,
@@ -234,7 +268,7 @@ class SessionManager:
         #: Returns once the event loop serving calls (if any) has finished the
         #: callback it is running; called by a thread about to hold a session's
         #: lock across fsyncs (`_exclusively`). The daemon sets it
-        #: (server/app.py); in-process users have no loop.
+        #: (server/runner.py, Runner.attach); in-process users have no loop.
         self.loop_barrier: Callable[[], None] = lambda: None
         #: Set by the engine when sessions replicate to object storage.
         self.replicator: SessionReplication | None = None
@@ -657,6 +691,13 @@ class SessionManager:
         for p in commit:
             self.hub.publish(p.key, p.event)
 
+    def watch(self, tenant: str, session_id: str) -> SessionWatch:
+        """Start watching a session: subscribed now, its kept events next
+        (`SessionWatch.kept`). Call it on the event loop the events are to be
+        delivered to; it takes no session lock."""
+        live = self.live(tenant, session_id)
+        return SessionWatch(self.hub, live)
+
     def claim_checkpoint_id(self, live: LiveSession, checkpoint_id: str) -> None:
         """Reserve a client-given checkpoint ID for the mutation `live` is building.
 
@@ -775,7 +816,7 @@ class SessionManager:
 
     def held_for_io(self, tenant: str, session_ids: str | Iterable[str]) -> bool:
         """Is the lock of any of these sessions held across fsyncs (or about to
-        be)? The servicers then run their calls for it on a worker thread, not
+        be)? The call runner then runs calls for it on a worker thread, not
         on the event loop: waiting there would hold up every other call."""
         ids = (session_ids,) if isinstance(session_ids, str) else session_ids
         sessions = self._sessions

@@ -10,12 +10,15 @@
 As in AIWhisperer, updating the status or storing the result of an unknown task
 creates it; a task created by its result has no status yet. Record kinds:
 task.status, task.result, task.global.
+
+The shape is `TasksFacet` (TypedDicts: the JSON above, nothing else); `parse`
+checks a facet from outside against it (ReplaceStructuredState).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from stratad.domain import structured as st
 from stratad.domain.models import SessionState, reducer
@@ -49,41 +52,103 @@ class GlobalMode(enum.StrEnum):
     MERGE = "merge"
 
 
-def _facet(state: SessionState) -> dict[str, Any]:
-    facet: dict[str, Any] | None = state.structured.get(FACET)
+# -- the facet's shape ----------------------------------------------------------------------
+
+
+class Task(TypedDict):
+    status: NotRequired[str]  # a TaskStatus value; none for a task created by its result
+    result: NotRequired[st.Json]  # once stored
+    created_at: float
+    updated_at: float
+
+
+class TaskChange(TypedDict, total=False):
+    """What a task.status or task.result record changes."""
+
+    status: str
+    result: st.Json
+
+
+class TasksFacet(TypedDict):
+    """``SessionState.structured["tasks"]``."""
+
+    tasks: dict[str, Task]  # in creation order
+    global_state: st.JsonObject
+
+
+def parse(raw: object) -> TasksFacet:
+    """`raw` as a tasks facet, or INVALID_ARGUMENT naming the first field that is not.
+
+    Accepts what the facet's own RPCs store (their bounds included), so a
+    facet that parses is one every reader serves (see structured.py).
+    """
+    facet = st.want_object(raw, FACET, tuple(TasksFacet.__annotations__))
+    path = f"{FACET}.tasks"
+    tasks = st.want_map(facet["tasks"], path, max_items=MAX_TASKS, ids=True)
+    statuses = [s.value for s in TaskStatus]
+    for task_id, raw_task in tasks.items():
+        where = f"{path}[{task_id!r}]"
+        task = st.want_object(raw_task, where, ("created_at", "updated_at"), ("status", "result"))
+        if "status" in task:
+            st.want_one_of(task["status"], f"{where}.status", statuses)
+        if "result" in task:
+            st.want_json(task["result"], f"{where}.result")
+        st.want_time(task["created_at"], f"{where}.created_at")
+        st.want_time(task["updated_at"], f"{where}.updated_at")
+    path = f"{FACET}.global_state"
+    values = st.want_map(facet["global_state"], path, max_items=MAX_GLOBAL_KEYS)
+    for key, value in values.items():
+        st.want_json(value, f"{path}[{key!r}]")
+    return cast(TasksFacet, facet)
+
+
+def _facet(state: SessionState) -> TasksFacet:
+    """The session's tasks facet, made (empty) if it has none yet: for the reducers."""
+    facet: TasksFacet | None = state.structured.get(FACET)
     if facet is None:
         facet = {"tasks": {}, "global_state": {}}
         state.structured[FACET] = facet
     return facet
 
 
-def _tasks(state: SessionState) -> dict[str, Any]:
-    facet: dict[str, Any] = state.structured.get(FACET) or {}
-    return facet.get("tasks", {})  # type: ignore[no-any-return]
+# The readers' views (empty when the session has no tasks facet). Typed without
+# parsing: what the facet holds was written by the reducers below or passed
+# `parse` (see structured.py).
 
 
-def _globals(state: SessionState) -> dict[str, Any]:
-    facet: dict[str, Any] = state.structured.get(FACET) or {}
-    return facet.get("global_state", {})  # type: ignore[no-any-return]
+def _tasks(state: SessionState) -> dict[str, Task]:
+    facet: TasksFacet | None = state.structured.get(FACET)
+    return facet.get("tasks", {}) if facet else {}
+
+
+def _globals(state: SessionState) -> st.JsonObject:
+    facet: TasksFacet | None = state.structured.get(FACET)
+    return facet.get("global_state", {}) if facet else {}
 
 
 # -- reducers ------------------------------------------------------------------------------
 
+# Record bodies are the journal's JSON (models.Reducer: dict[str, Any]); each
+# reducer reads the values its plan below put there into the typed facet.
 
-def _touch(state: SessionState, task_id: str, at: float, **change: Any) -> None:
+
+def _touch(state: SessionState, task_id: str, at: float, change: TaskChange) -> None:
     tasks = _facet(state)["tasks"]
-    old = tasks.get(task_id) or {"created_at": at}
-    tasks[task_id] = {**old, **change, "updated_at": at}
+    old = tasks.get(task_id)
+    if old:
+        tasks[task_id] = {**old, **change, "updated_at": at}
+    else:
+        tasks[task_id] = {"created_at": at, **change, "updated_at": at}
 
 
 @reducer("task.status")
 def _apply_status(state: SessionState, body: dict[str, Any]) -> None:
-    _touch(state, body["task_id"], body["at"], status=body["task_status"])
+    _touch(state, body["task_id"], body["at"], {"status": body["task_status"]})
 
 
 @reducer("task.result")
 def _apply_result(state: SessionState, body: dict[str, Any]) -> None:
-    _touch(state, body["task_id"], body["at"], result=body["result"])
+    _touch(state, body["task_id"], body["at"], {"result": body["result"]})
 
 
 @reducer("task.global")
@@ -92,12 +157,15 @@ def _apply_global(state: SessionState, body: dict[str, Any]) -> None:
     values[body["key"]] = merged(values.get(body["key"]), body["value"], GlobalMode(body["mode"]))
 
 
-def merged(old: Any, value: Any, mode: GlobalMode) -> Any:
-    """The new value of a global key (a new list or dict: readers may hold the old one)."""
+def merged(old: st.Json, value: st.Json, mode: GlobalMode) -> st.Json:
+    """The new value of a global key (a new list or dict: readers may hold the old one).
+
+    `old` is None (unset) or, for APPEND a list and for MERGE an object, and
+    MERGE's `value` an object: update_global refuses anything else."""
     if mode is GlobalMode.APPEND:
-        return [*(old or []), value]
-    if mode is GlobalMode.MERGE:
-        return {**(old or {}), **value}
+        return [*(old if isinstance(old, list) else ()), value]
+    if mode is GlobalMode.MERGE and isinstance(value, dict):
+        return {**(old if isinstance(old, dict) else {}), **value}
     return value
 
 
@@ -117,17 +185,18 @@ class Tasks:
         *,
         expected_version: int = 0,
         commit: Commit | None = None,
-    ) -> st.Applied[dict[str, Any]]:
+    ) -> st.Applied[Task]:
         """Set a task's status (creating the task); the result is the task without its result."""
         validate_id(task_id, "task_id")
         task_status = _status(status)
 
-        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], Task]:
             old = _check_room(live.state, task_id)
-            task: dict[str, Any] = {"created_at": at}
+            task: Task = {"created_at": at, "updated_at": at}
             if old:
-                task = {k: v for k, v in old.items() if k != "result"}
-            task.update(status=task_status.value, updated_at=at)
+                task = {**old, "updated_at": at}
+                task.pop("result", None)
+            task["status"] = task_status.value
             return {"task_id": task_id, "task_status": task_status.value}, task
 
         return st.mutate(
@@ -139,7 +208,7 @@ class Tasks:
         tenant: str,
         session_id: str,
         task_id: str,
-        result: Any,
+        result: st.Json,
         *,
         expected_version: int = 0,
         commit: Commit | None = None,
@@ -155,21 +224,21 @@ class Tasks:
             self.sessions, tenant, session_id, expected_version, "task.result", plan, commit=commit
         )
 
-    def get_task(self, tenant: str, session_id: str, task_id: str) -> st.Applied[dict[str, Any]]:
+    def get_task(self, tenant: str, session_id: str, task_id: str) -> st.Applied[Task]:
         """The task (status, result when stored, times); NOT_FOUND if unknown."""
         validate_id(task_id, "task_id")
 
-        def get(state: SessionState) -> dict[str, Any]:
+        def get(state: SessionState) -> Task:
             task = _tasks(state).get(task_id)
             if task is None:
                 raise NotFoundError(f"task {task_id!r} not found in session {session_id!r}")
-            return task  # type: ignore[no-any-return]
+            return task
 
         return st.read(self.sessions, tenant, session_id, get)
 
     def list_tasks(
         self, tenant: str, session_id: str, status: TaskStatus | str | None = None
-    ) -> st.Applied[list[tuple[str, dict[str, Any]]]]:
+    ) -> st.Applied[list[tuple[str, Task]]]:
         """(task_id, task) in creation order, optionally only those of `status`."""
         wanted = _status(status).value if status else None
         return st.read(
@@ -188,12 +257,12 @@ class Tasks:
         tenant: str,
         session_id: str,
         key: str,
-        value: Any,
+        value: st.Json,
         *,
         mode: GlobalMode | str = GlobalMode.SET,
         expected_version: int = 0,
         commit: Commit | None = None,
-    ) -> st.Applied[Any]:
+    ) -> st.Applied[st.Json]:
         """Set, append to or merge into one global key; the result is its new value."""
         st.key(key, "key")
         st.json_value(value, "value")
@@ -204,7 +273,7 @@ class Tasks:
         if how is GlobalMode.MERGE and not isinstance(value, dict):
             raise InvalidArgumentError("MERGE needs an object value")
 
-        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], Any]:
+        def plan(live: LiveSession, at: float) -> tuple[dict[str, Any], st.Json]:
             values = _globals(live.state)
             old = values.get(key)
             if key not in values and len(values) >= MAX_GLOBAL_KEYS:
@@ -224,12 +293,12 @@ class Tasks:
             self.sessions, tenant, session_id, expected_version, "task.global", plan, commit=commit
         )
 
-    def get_global(self, tenant: str, session_id: str, key: str = "") -> st.Applied[Any]:
+    def get_global(self, tenant: str, session_id: str, key: str = "") -> st.Applied[st.Json]:
         """One key's value (NOT_FOUND when unset) or, with no key, the whole global state."""
         if key:
             st.key(key, "key")
 
-        def get(state: SessionState) -> Any:
+        def get(state: SessionState) -> st.Json:
             values = _globals(state)
             if not key:
                 return dict(values)
@@ -248,9 +317,9 @@ def _status(status: TaskStatus | str) -> TaskStatus:
         raise InvalidArgumentError(f"unknown task status {status!r} ({allowed})") from None
 
 
-def _check_room(state: SessionState, task_id: str) -> dict[str, Any] | None:
+def _check_room(state: SessionState, task_id: str) -> Task | None:
     tasks = _tasks(state)
-    old: dict[str, Any] | None = tasks.get(task_id)
+    old = tasks.get(task_id)
     if old is None and len(tasks) >= MAX_TASKS:
         raise ResourceExhaustedError(
             f"session {state.session_id!r} has {MAX_TASKS} tasks, the limit"

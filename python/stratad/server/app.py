@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import resource
@@ -17,7 +16,6 @@ import signal
 import socket
 import stat
 import sys
-import threading
 from asyncio import FIRST_COMPLETED
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -279,11 +277,8 @@ async def _start(
     addresses = [bound[address] for address in listen]
     await _set_status(health, ["", *app_names], _SERVING)
     await _report_writes(health, resources)
-    # Domains that hold a lock across fsyncs wait for the loop first (see loop_barrier).
-    barrier_users = (resources.engine.sessions, resources.engine.profiles)
-    barrier = loop_barrier(asyncio.get_running_loop())
-    for domain in barrier_users:
-        domain.loop_barrier = barrier
+    # Domains that hold a lock across fsyncs wait for the loop first (Runner.attach).
+    resources.runner.attach(asyncio.get_running_loop())
     lifecycle = _start_lifecycle(resources, metrics)
     stratad_server = StratadServer(
         server,
@@ -298,37 +293,11 @@ async def _start(
         inspector=inspector,
         lifecycle=lifecycle,
     )
-    for domain in barrier_users:
-        stratad_server.on_stop(functools.partial(setattr, domain, "loop_barrier", lambda: None))
+    stratad_server.on_stop(resources.runner.detach)
     for address in native:
         if address.startswith("unix:"):
             stratad_server.on_stop(_unix_socket_remover(address))
     return stratad_server
-
-
-#: How long a compaction or deletion waits for the event loop to finish the
-#: callback it is running before it takes its lock anyway (callbacks
-#: take well under a millisecond; this only bounds a loop that is stuck).
-LOOP_BARRIER_SECONDS = 1.0
-
-
-def loop_barrier(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-    """SessionManager.loop_barrier for the daemon's event loop: returns once
-    the loop has run a callback queued now, so whatever callback it was
-    running when called has finished (see SessionManager._exclusively)."""
-
-    def wait() -> None:
-        with contextlib.suppress(RuntimeError):  # not on a running loop
-            if asyncio.get_running_loop() is loop:
-                return  # on the loop itself: no other callback is under way
-        passed = threading.Event()
-        try:
-            loop.call_soon_threadsafe(passed.set)
-        except RuntimeError:  # the loop is closed: nothing runs on it
-            return
-        passed.wait(LOOP_BARRIER_SECONDS)
-
-    return wait
 
 
 def _grpc_aio_server(config: Config, interceptors: list[Any]) -> Any:

@@ -18,6 +18,7 @@ from stratad.config import Config
 from stratad.domain.engine import Engine
 from stratad.domain.quotas import Quotas
 from stratad.server.limits import InflightBudget
+from stratad.server.runner import Runner
 from stratad.store.crypto import keyring_from_settings
 from stratad.store.datadir import DataDir, open_data_dir
 from stratad.store.remote import RemoteTier
@@ -36,8 +37,10 @@ class Resources:
     data_dir: DataDir
     #: The domain layer over the data directory.
     engine: Engine
-    #: Where servicers run blocking domain work, off the event loop.
+    #: Where blocking domain work runs, off the event loop (through `runner`).
     executor: ThreadPoolExecutor
+    #: How every call's domain work runs: on the event loop or on `executor`.
+    runner: Runner
     #: Memory budget of the requests in flight (None: max_inflight_bytes = 0).
     budget: InflightBudget | None = None
     #: Set when shutdown begins. Long-lived streams (watches) should end when
@@ -85,7 +88,12 @@ async def open_resources(config: Config) -> AsyncIterator[Resources]:
         budget = InflightBudget(config.max_inflight_bytes) if config.max_inflight_bytes else None
         try:
             yield Resources(
-                config=config, data_dir=data_dir, engine=engine, executor=executor, budget=budget
+                config=config,
+                data_dir=data_dir,
+                engine=engine,
+                executor=executor,
+                runner=Runner(engine, executor),
+                budget=budget,
             )
         finally:
             executor.shutdown(wait=True)

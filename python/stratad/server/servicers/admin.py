@@ -8,6 +8,7 @@ from stratad.api.v1 import admin_pb2, admin_pb2_grpc
 from stratad.domain.replication import Replicator
 from stratad.errors import FailedPreconditionError
 from stratad.ids import validate_id
+from stratad.server.runner import IO
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import session_to_pb
 
@@ -16,7 +17,7 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
     async def Verify(
         self, request: admin_pb2.VerifyRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.VerifyResponse:
-        report = await self.run(self.engine.admin.verify, tenant_of(context))
+        report = await self.calls.run(IO, self.engine.admin.verify, tenant_of(context))
         return admin_pb2.VerifyResponse(
             objects_checked=report.objects_checked,
             corrupt_objects=[
@@ -37,7 +38,7 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
     async def CollectGarbage(
         self, request: admin_pb2.CollectGarbageRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.CollectGarbageResponse:
-        report = await self.run(self.engine.admin.collect_garbage, tenant_of(context))
+        report = await self.calls.run(IO, self.engine.admin.collect_garbage, tenant_of(context))
         return admin_pb2.CollectGarbageResponse(
             objects_removed=report.objects_removed,
             bytes_freed=report.bytes_freed,
@@ -51,7 +52,7 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
     async def GetStoreStats(
         self, request: admin_pb2.GetStoreStatsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.GetStoreStatsResponse:
-        s = await self.run(self.engine.admin.stats, tenant_of(context))
+        s = await self.calls.run(IO, self.engine.admin.stats, tenant_of(context))
         return admin_pb2.GetStoreStatsResponse(
             sessions=s.sessions,
             checkpoints=s.checkpoints,
@@ -66,7 +67,7 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
     async def GetReplicationStatus(
         self, request: admin_pb2.GetReplicationStatusRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.GetReplicationStatusResponse:
-        status = await self.run(self._replicator().status)
+        status = await self.calls.run(IO, self._replicator().status)
         return admin_pb2.GetReplicationStatusResponse(**status)
 
     async def RestoreSessionFromRemote(
@@ -74,8 +75,10 @@ class AdminServicer(Servicer, admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.RestoreSessionFromRemoteResponse:
         tenant = tenant_of(context)
         replicator = self._replicator()
-        await self.run(replicator.restore, tenant, validate_id(request.session_id, "session_id"))
-        info = await self.run(self.engine.sessions.info, tenant, request.session_id)
+        await self.calls.run(
+            IO, replicator.restore, tenant, validate_id(request.session_id, "session_id")
+        )
+        info = await self.calls.run(IO, self.engine.sessions.info, tenant, request.session_id)
         return admin_pb2.RestoreSessionFromRemoteResponse(session=session_to_pb(info))
 
     def _replicator(self) -> Replicator:

@@ -7,13 +7,14 @@ from typing import Any
 import grpc
 
 from stratad.api.v1 import agent_pb2, agent_pb2_grpc
-from stratad.domain.agent import Agents, should_continue
+from stratad.domain.agent import AgentFacet, Agents, should_continue
 from stratad.domain.structured import Applied
+from stratad.server.runner import CHEAP
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.values import set_value, struct_to_py, structs_to_py, to_py, to_struct
 
 
-def state_to_pb(agent: dict[str, Any]) -> agent_pb2.AgentState:
+def state_to_pb(agent: AgentFacet) -> agent_pb2.AgentState:
     e, r = agent["execution"], agent["reasoning"]
     facts = []
     for k, v in r["facts"].items():
@@ -29,7 +30,7 @@ def state_to_pb(agent: dict[str, Any]) -> agent_pb2.AgentState:
             mode=e["mode"],
             stop_reason=e["stop_reason"],
             response=e["response"],
-            pending_calls=[to_struct(c) for c in e["pending_calls"]],
+            pending_calls=[to_struct(dict(c)) for c in e["pending_calls"]],
             completed_calls=[to_struct(c) for c in e["completed_calls"]],
             should_continue=should_continue(e),
         ),
@@ -41,7 +42,7 @@ def state_to_pb(agent: dict[str, Any]) -> agent_pb2.AgentState:
             thoughts=[
                 agent_pb2.Thought(
                     thinking=t["thinking"],
-                    tool_calls=[to_struct(c) for c in t["tool_calls"]],
+                    tool_calls=[to_struct(dict(c)) for c in t["tool_calls"]],
                     timestamp=t["timestamp"],
                 )
                 for t in r["thoughts"]
@@ -50,7 +51,7 @@ def state_to_pb(agent: dict[str, Any]) -> agent_pb2.AgentState:
     )
 
 
-def _state(applied: Applied[dict[str, Any]]) -> dict[str, Any]:
+def _state(applied: Applied[AgentFacet]) -> dict[str, Any]:
     return {"state": state_to_pb(applied.result), "version": applied.version}
 
 
@@ -62,7 +63,8 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
     async def StartAgent(
         self, request: agent_pb2.StartAgentRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.StartAgentResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: agent_pb2.StartAgentResponse(**_state(applied)),
             self.domain.start,
@@ -79,7 +81,8 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
         self, request: agent_pb2.ApplyReasoningRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.ApplyReasoningResponse:
         updates = request.context_updates
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: agent_pb2.ApplyReasoningResponse(**_state(applied)),
             self.domain.apply_reasoning,
@@ -99,7 +102,8 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
     async def RecordToolResults(
         self, request: agent_pb2.RecordToolResultsRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.RecordToolResultsResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: agent_pb2.RecordToolResultsResponse(**_state(applied)),
             self.domain.record_tool_results,
@@ -112,7 +116,8 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
     async def AdvanceIteration(
         self, request: agent_pb2.AdvanceIterationRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.AdvanceIterationResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: agent_pb2.AdvanceIterationResponse(**_state(applied)),
             self.domain.advance_iteration,
@@ -124,7 +129,8 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
     async def StopAgent(
         self, request: agent_pb2.StopAgentRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.StopAgentResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: agent_pb2.StopAgentResponse(**_state(applied)),
             self.domain.stop,
@@ -137,14 +143,16 @@ class AgentStateServicer(Servicer, agent_pb2_grpc.AgentStateServiceServicer):
     async def GetAgentState(
         self, request: agent_pb2.GetAgentStateRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.GetAgentStateResponse:
-        applied = await self.read(self.domain.state, tenant_of(context), request.session_id)
+        applied = await self.calls.read(
+            CHEAP, self.domain.state, tenant_of(context), request.session_id
+        )
         return agent_pb2.GetAgentStateResponse(**_state(applied))
 
     async def CompressContext(
         self, request: agent_pb2.CompressContextRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.CompressContextResponse:
-        applied = await self.read(
-            self.domain.compress, tenant_of(context), request.session_id, request.max_tokens
+        applied = await self.calls.read(
+            CHEAP, self.domain.compress, tenant_of(context), request.session_id, request.max_tokens
         )
         text, truncated = applied.result
         return agent_pb2.CompressContextResponse(context=text, truncated=truncated)

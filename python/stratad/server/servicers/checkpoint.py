@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator
 
 import grpc
@@ -13,6 +12,7 @@ from stratad.domain.checkpoints import ChunkUpload, SaveInput
 from stratad.domain.models import Checkpoint, SessionStatus
 from stratad.domain.writes import PruneStrategy, PutWritesResult, WriteInput, pending_writes
 from stratad.errors import InvalidArgumentError, StratadError
+from stratad.server.runner import IO, SAVE_BYTES, WRITE_BYTES, bounded
 from stratad.server.servicers.base import Servicer, answer_admission, tenant_of
 from stratad.server.servicers.convert import (
     checkpoint_to_pb,
@@ -24,11 +24,6 @@ from stratad.server.servicers.convert import (
 
 #: Most requests of one SaveStates stream saved in one batch.
 MAX_BATCH = 64
-#: Saves whose work is at most this many bytes run on the event loop (see
-#: Servicer.mutate); larger ones would hold it up with hashing, decoding and
-#: compression, so they go to a thread. The work of a chunked upload is what
-#: it declares, less what its digest check can skip (Checkpoints.save_work).
-INLINE_SAVE_BYTES = 128 << 10
 #: A loaded state is in memory about this many times while its answer is built:
 #: the bytes read, the response message's copy, the encoded answer. LoadState
 #: holds that much of the answer budget from before the read until it hands
@@ -112,21 +107,23 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
         context: grpc.aio.ServicerContext | None = None,
     ) -> checkpoint_pb2.SaveStateResponse:
         """Save one state; answer `context` (if given) as soon as the save is durable."""
-        inp = save_input(request)
         checkpoints = self.engine.checkpoints
-        if checkpoints.save_work(tenant, request.session_id, inp) > INLINE_SAVE_BYTES:
-            return save_to_pb(
-                await self.run(checkpoints.save_state, tenant, request.session_id, inp)
-            )
-        return await self.mutate_and_answer(
-            context, save_to_pb, checkpoints.save_state, tenant, request.session_id, inp
+        return await self.calls.mutate_and_answer(
+            bounded(SAVE_BYTES, checkpoints.save_work),
+            context,
+            save_to_pb,
+            checkpoints.save_state,
+            tenant,
+            request.session_id,
+            save_input(request),
         )
 
     async def LoadState(
         self, request: checkpoint_pb2.LoadStateRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.LoadStateResponse:
         admit = answer_admission(context)
-        result = await self.run(
+        result = await self.calls.run(
+            IO,
             self.engine.checkpoints.load_state,
             tenant_of(context),
             request.session_id,
@@ -151,7 +148,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
             state.expected_version = state.expected_version or expected
             response.saved.CopyFrom(await self._save(tenant, state))
             expected = 0  # checked by the save, which bumped the version
-        info = await self.run(
+        info = await self.calls.run(
+            IO,
             self.engine.checkpoints.set_status,
             tenant,
             request.session_id,
@@ -165,7 +163,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
         self, request: checkpoint_pb2.ResumeExecutionRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.ResumeExecutionResponse:
         tenant = tenant_of(context)
-        info = await self.run(
+        info = await self.calls.run(
+            IO,
             self.engine.checkpoints.set_status,
             tenant,
             request.session_id,
@@ -175,8 +174,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
         )
         response = checkpoint_pb2.ResumeExecutionResponse(session=session_to_pb(info))
         if info.head:
-            loaded = await self.run(
-                self.engine.checkpoints.load_state, tenant, request.session_id, info.head
+            loaded = await self.calls.run(
+                IO, self.engine.checkpoints.load_state, tenant, request.session_id, info.head
             )
             response.state.CopyFrom(load_to_pb(loaded))
         return response
@@ -184,7 +183,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def CreateCheckpoint(
         self, request: checkpoint_pb2.CreateCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.CreateCheckpointResponse:
-        result = await self.run(
+        result = await self.calls.run(
+            IO,
             self.engine.checkpoints.create_checkpoint,
             tenant_of(context),
             request.session_id,
@@ -198,7 +198,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def RestoreCheckpoint(
         self, request: checkpoint_pb2.RestoreCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.RestoreCheckpointResponse:
-        result = await self.run(
+        result = await self.calls.run(
+            IO,
             self.engine.checkpoints.restore_checkpoint,
             tenant_of(context),
             request.checkpoint_id,
@@ -210,7 +211,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def ListCheckpoints(
         self, request: checkpoint_pb2.ListCheckpointsRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.ListCheckpointsResponse:
-        page, token = await self.run(
+        page, token = await self.calls.run(
+            IO,
             self.engine.checkpoints.list_checkpoints,
             tenant_of(context),
             request.session_id,
@@ -230,7 +232,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def DeleteCheckpoint(
         self, request: checkpoint_pb2.DeleteCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.DeleteCheckpointResponse:
-        await self.run(
+        await self.calls.run(
+            IO,
             self.engine.checkpoints.delete_checkpoint,
             tenant_of(context),
             request.checkpoint_id,
@@ -241,7 +244,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def ForkSession(
         self, request: checkpoint_pb2.ForkSessionRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.ForkSessionResponse:
-        info = await self.run(
+        info = await self.calls.run(
+            IO,
             self.engine.checkpoints.fork_session,
             tenant_of(context),
             request.checkpoint_id,
@@ -285,13 +289,16 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
                 outcomes.append(exc)
             else:
                 outcomes.append(None)
-        # The whole batch runs in one event-loop slice: bound its total work.
         checkpoints = self.engine.checkpoints
-        work = sum(checkpoints.save_work(tenant, session, inp) for session, inp in items)
-        small = work <= INLINE_SAVE_BYTES
-        save = self.mutate if small else self.run
         try:
-            results = iter(await save(checkpoints.save_many, tenant, items))
+            results = iter(
+                await self.calls.mutate(
+                    bounded(SAVE_BYTES, checkpoints.save_many_work),
+                    checkpoints.save_many,
+                    tenant,
+                    items,
+                )
+            )
         except StratadError as exc:  # the batch's commit failed (e.g. disk full)
             return [_item_error(grpc.StatusCode[exc.grpc_status], exc.message)] * len(batch)
         responses = []
@@ -307,8 +314,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def FindMissingChunks(
         self, request: checkpoint_pb2.FindMissingChunksRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.FindMissingChunksResponse:
-        missing = await self.run(
-            self.engine.checkpoints.find_missing, tenant_of(context), list(request.digests)
+        missing = await self.calls.run(
+            IO, self.engine.checkpoints.find_missing, tenant_of(context), list(request.digests)
         )
         return checkpoint_pb2.FindMissingChunksResponse(missing=missing)
 
@@ -318,21 +325,25 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
         self, request: checkpoint_pb2.PutWritesRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.PutWritesResponse:
         writes = [WriteInput(w.idx, w.channel, w.type, w.value) for w in request.writes]
-        small = sum(len(w.value) for w in writes) <= INLINE_SAVE_BYTES
-        put = functools.partial(
+        return await self.calls.mutate_and_answer(
+            bounded(WRITE_BYTES, sum(len(w.value) for w in writes)),
+            context,
+            _writes_to_pb,
             self.engine.checkpoint_extras.put_writes,
+            tenant_of(context),
+            request.session_id,
+            request.checkpoint_id,
+            request.task_id,
+            writes,
             task_path=request.task_path,
             expected_version=request.expected_version,
         )
-        args = (request.session_id, request.checkpoint_id, request.task_id, writes)
-        if not small:
-            return _writes_to_pb(await self.run(put, tenant_of(context), *args))
-        return await self.mutate_and_answer(context, _writes_to_pb, put, tenant_of(context), *args)
 
     async def CopySession(
         self, request: checkpoint_pb2.CopySessionRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.CopySessionResponse:
-        result = await self.run(
+        result = await self.calls.run(
+            IO,
             self.engine.checkpoint_extras.copy_session,
             tenant_of(context),
             request.source_session_id,
@@ -350,7 +361,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
         strategy = _PRUNE_STRATEGIES.get(request.strategy)
         if strategy is None:
             raise InvalidArgumentError("strategy must be KEEP_LATEST or DELETE")
-        result = await self.run(
+        result = await self.calls.run(
+            IO,
             self.engine.checkpoint_extras.prune,
             tenant_of(context),
             list(request.session_ids),
@@ -363,7 +375,8 @@ class CheckpointServicer(Servicer, checkpoint_pb2_grpc.CheckpointServiceServicer
     async def DeleteCheckpoints(
         self, request: checkpoint_pb2.DeleteCheckpointsRequest, context: grpc.aio.ServicerContext
     ) -> checkpoint_pb2.DeleteCheckpointsResponse:
-        result = await self.run(
+        result = await self.calls.run(
+            IO,
             self.engine.checkpoint_extras.delete_matching,
             tenant_of(context),
             [struct_to_dict(f, "metadata_filters") for f in request.metadata_filters],

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import grpc
 
 from stratad.api.v1 import cognitive_pb2, cognitive_pb2_grpc
-from stratad.domain.cognitive import FLUID_FIELDS, RESOLVED, Cognitive
+from stratad.domain.cognitive import (
+    FLUID_FIELDS,
+    RESOLVED,
+    Cognitive,
+    CognitiveFacet,
+    Crystallized,
+    Decision,
+    ErrorEntry,
+    Fluid,
+    FluidUpdate,
+)
 from stratad.errors import InvalidArgumentError
+from stratad.server.runner import CHEAP, CONTEXT_TOKENS, IO, bounded
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import timestamp
 from stratad.values import fill_struct, struct_to_py
@@ -17,12 +26,9 @@ _ERROR_STATUS = {
     "open": cognitive_pb2.ERROR_STATUS_OPEN,
     RESOLVED: cognitive_pb2.ERROR_STATUS_RESOLVED,
 }
-#: BuildContext budgets up to this are rendered on the event loop (the work is
-#: bounded by the budget); larger ones on the worker pool.
-INLINE_CONTEXT_TOKENS = 8000
 
 
-def crystallized_to_pb(c: dict[str, Any]) -> cognitive_pb2.CrystallizedState:
+def crystallized_to_pb(c: Crystallized) -> cognitive_pb2.CrystallizedState:
     return cognitive_pb2.CrystallizedState(
         goal=c["goal"],
         success_criteria=c["success_criteria"],
@@ -33,7 +39,7 @@ def crystallized_to_pb(c: dict[str, Any]) -> cognitive_pb2.CrystallizedState:
     )
 
 
-def fluid_to_pb(f: dict[str, Any]) -> cognitive_pb2.FluidState:
+def fluid_to_pb(f: Fluid) -> cognitive_pb2.FluidState:
     out = cognitive_pb2.FluidState(
         current_sub_goal=f["current_sub_goal"],
         progress=f["progress"],
@@ -47,7 +53,7 @@ def fluid_to_pb(f: dict[str, Any]) -> cognitive_pb2.FluidState:
     return out
 
 
-def decision_to_pb(d: dict[str, Any]) -> cognitive_pb2.Decision:
+def decision_to_pb(d: Decision) -> cognitive_pb2.Decision:
     return cognitive_pb2.Decision(
         step=d["step"],
         decision=d["decision"],
@@ -56,7 +62,7 @@ def decision_to_pb(d: dict[str, Any]) -> cognitive_pb2.Decision:
     )
 
 
-def error_to_pb(e: dict[str, Any]) -> cognitive_pb2.ErrorEntry:
+def error_to_pb(e: ErrorEntry) -> cognitive_pb2.ErrorEntry:
     return cognitive_pb2.ErrorEntry(
         step=e["step"],
         error=e["error"],
@@ -66,7 +72,7 @@ def error_to_pb(e: dict[str, Any]) -> cognitive_pb2.ErrorEntry:
     )
 
 
-def state_to_pb(s: dict[str, Any]) -> cognitive_pb2.CognitiveState:
+def state_to_pb(s: CognitiveFacet) -> cognitive_pb2.CognitiveState:
     insights = s["insights"]
     return cognitive_pb2.CognitiveState(
         crystallized=crystallized_to_pb(s["crystallized"]),
@@ -86,7 +92,7 @@ def state_to_pb(s: dict[str, Any]) -> cognitive_pb2.CognitiveState:
     )
 
 
-def fluid_fields(request: cognitive_pb2.UpdateFluidRequest) -> dict[str, Any]:
+def fluid_fields(request: cognitive_pb2.UpdateFluidRequest) -> FluidUpdate:
     """The fields an UpdateFluid changes (request field names, see the proto)."""
     masked = set(request.update_mask.paths)
     unknown = masked - FLUID_FIELDS.keys()
@@ -95,7 +101,7 @@ def fluid_fields(request: cognitive_pb2.UpdateFluidRequest) -> dict[str, Any]:
             f"update_mask names unknown field {sorted(unknown)[0]!r} "
             f"(fields: {', '.join(FLUID_FIELDS)})"
         )
-    fields: dict[str, Any] = {}
+    fields: FluidUpdate = {}
     if request.HasField("progress") or "progress" in masked:
         fields["progress"] = request.progress
     if request.HasField("current_sub_goal") or "current_sub_goal" in masked:
@@ -121,7 +127,8 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def Initialize(
         self, request: cognitive_pb2.InitializeRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.InitializeResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: cognitive_pb2.InitializeResponse(
                 crystallized=crystallized_to_pb(applied.result), version=applied.version
@@ -140,7 +147,8 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def UpdateFluid(
         self, request: cognitive_pb2.UpdateFluidRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.UpdateFluidResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: cognitive_pb2.UpdateFluidResponse(
                 fluid=fluid_to_pb(applied.result), version=applied.version
@@ -155,7 +163,8 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def RecordDecision(
         self, request: cognitive_pb2.RecordDecisionRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.RecordDecisionResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: cognitive_pb2.RecordDecisionResponse(
                 decision=decision_to_pb(applied.result), version=applied.version
@@ -172,7 +181,8 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def RecordError(
         self, request: cognitive_pb2.RecordErrorRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.RecordErrorResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: cognitive_pb2.RecordErrorResponse(
                 error=error_to_pb(applied.result), version=applied.version
@@ -188,12 +198,13 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
         )
 
     # The next four may change nothing (a duplicate, no open error); such an
-    # answer waits for the disk, so they run on the worker pool.
+    # answer waits for the disk (structured.mutate), so they are IO.
 
     async def ResolveError(
         self, request: cognitive_pb2.ResolveErrorRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.ResolveErrorResponse:
-        applied = await self.run(
+        applied = await self.calls.mutate(
+            IO,
             self.domain.resolve_error,
             tenant_of(context),
             request.session_id,
@@ -206,7 +217,8 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def AddLearnedConstraint(
         self, request: cognitive_pb2.AddLearnedConstraintRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.AddLearnedConstraintResponse:
-        applied = await self.run(
+        applied = await self.calls.mutate(
+            IO,
             self.domain.add_learned_constraint,
             tenant_of(context),
             request.session_id,
@@ -220,7 +232,8 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def AddEntityRelationship(
         self, request: cognitive_pb2.AddEntityRelationshipRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.AddEntityRelationshipResponse:
-        applied = await self.run(
+        applied = await self.calls.mutate(
+            IO,
             self.domain.add_entity_relationship,
             tenant_of(context),
             request.session_id,
@@ -236,7 +249,8 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def AddPatternObservation(
         self, request: cognitive_pb2.AddPatternObservationRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.AddPatternObservationResponse:
-        applied = await self.run(
+        applied = await self.calls.mutate(
+            IO,
             self.domain.add_pattern_observation,
             tenant_of(context),
             request.session_id,
@@ -258,16 +272,18 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
                 state=state_to_pb(applied.result), version=applied.version
             )
 
-        return await self.run(get)  # large logs take a while to convert
+        return await self.calls.run(IO, get)  # large logs take a while to convert
 
     async def BuildContext(
         self, request: cognitive_pb2.BuildContextRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.BuildContextResponse:
-        args = (tenant_of(context), request.session_id, request.max_tokens)
-        if request.max_tokens <= INLINE_CONTEXT_TOKENS:  # bounded by the budget: cheap
-            applied = await self.read(self.domain.build_context, *args)
-        else:
-            applied = await self.run(self.domain.build_context, *args)
+        applied = await self.calls.read(
+            bounded(CONTEXT_TOKENS, request.max_tokens),
+            self.domain.build_context,
+            tenant_of(context),
+            request.session_id,
+            request.max_tokens,
+        )
         result = applied.result
         return cognitive_pb2.BuildContextResponse(
             context=result.text,
@@ -280,5 +296,7 @@ class CognitiveStateServicer(Servicer, cognitive_pb2_grpc.CognitiveStateServiceS
     async def GetCognitiveStats(
         self, request: cognitive_pb2.GetCognitiveStatsRequest, context: grpc.aio.ServicerContext
     ) -> cognitive_pb2.GetCognitiveStatsResponse:
-        applied = await self.read(self.domain.stats, tenant_of(context), request.session_id)
+        applied = await self.calls.read(
+            CHEAP, self.domain.stats, tenant_of(context), request.session_id
+        )
         return cognitive_pb2.GetCognitiveStatsResponse(**applied.result)

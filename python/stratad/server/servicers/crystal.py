@@ -7,6 +7,7 @@ from google.protobuf import timestamp_pb2
 
 from stratad.api.v1 import crystal_pb2, crystal_pb2_grpc
 from stratad.domain.crystals import Crystal, CrystallizeResult, LibraryConfig, Outcome, TraceStep
+from stratad.server.runner import IO
 from stratad.server.servicers.base import Servicer, tenant_of
 
 _OUTCOMES = {
@@ -62,7 +63,8 @@ class CrystalServicer(Servicer, crystal_pb2_grpc.CrystalServiceServicer):
         trace = [
             TraceStep(s.decision, s.tool, s.error, s.resolution) for s in request.execution_trace
         ]
-        result = await self.run(
+        result = await self.calls.run(
+            IO,
             self.engine.crystals.crystallize,
             tenant_of(context),
             request.goal,
@@ -78,8 +80,8 @@ class CrystalServicer(Servicer, crystal_pb2_grpc.CrystalServiceServicer):
     async def QueryCrystals(
         self, request: crystal_pb2.QueryCrystalsRequest, context: grpc.aio.ServicerContext
     ) -> crystal_pb2.QueryCrystalsResponse:
-        template, matches = await self.run(
-            self.engine.crystals.query, tenant_of(context), request.goal_text, request.top_k
+        template, matches = await self.calls.run(
+            IO, self.engine.crystals.query, tenant_of(context), request.goal_text, request.top_k
         )
         return crystal_pb2.QueryCrystalsResponse(
             matches=[
@@ -94,15 +96,16 @@ class CrystalServicer(Servicer, crystal_pb2_grpc.CrystalServiceServicer):
     async def ApplyCrystal(
         self, request: crystal_pb2.ApplyCrystalRequest, context: grpc.aio.ServicerContext
     ) -> crystal_pb2.ApplyCrystalResponse:
-        prompt = await self.run(
-            self.engine.crystals.apply, tenant_of(context), request.crystal_id, request.context
+        prompt = await self.calls.run(
+            IO, self.engine.crystals.apply, tenant_of(context), request.crystal_id, request.context
         )
         return crystal_pb2.ApplyCrystalResponse(prompt=prompt)
 
     async def RecordReuse(
         self, request: crystal_pb2.RecordReuseRequest, context: grpc.aio.ServicerContext
     ) -> crystal_pb2.RecordReuseResponse:
-        crystal = await self.run(
+        crystal = await self.calls.run(
+            IO,
             self.engine.crystals.record_reuse,
             tenant_of(context),
             request.crystal_id,
@@ -113,13 +116,16 @@ class CrystalServicer(Servicer, crystal_pb2_grpc.CrystalServiceServicer):
     async def GetCrystal(
         self, request: crystal_pb2.GetCrystalRequest, context: grpc.aio.ServicerContext
     ) -> crystal_pb2.GetCrystalResponse:
-        crystal = await self.run(self.engine.crystals.get, tenant_of(context), request.crystal_id)
+        crystal = await self.calls.run(
+            IO, self.engine.crystals.get, tenant_of(context), request.crystal_id
+        )
         return crystal_pb2.GetCrystalResponse(crystal=crystal_to_pb(crystal))
 
     async def ListCrystals(
         self, request: crystal_pb2.ListCrystalsRequest, context: grpc.aio.ServicerContext
     ) -> crystal_pb2.ListCrystalsResponse:
-        page, token = await self.run(
+        page, token = await self.calls.run(
+            IO,
             self.engine.crystals.list,
             tenant_of(context),
             page_size=request.page_size,
@@ -132,13 +138,15 @@ class CrystalServicer(Servicer, crystal_pb2_grpc.CrystalServiceServicer):
     async def DeleteCrystal(
         self, request: crystal_pb2.DeleteCrystalRequest, context: grpc.aio.ServicerContext
     ) -> crystal_pb2.DeleteCrystalResponse:
-        await self.run(self.engine.crystals.delete, tenant_of(context), request.crystal_id)
+        await self.calls.run(
+            IO, self.engine.crystals.delete, tenant_of(context), request.crystal_id
+        )
         return crystal_pb2.DeleteCrystalResponse()
 
     async def GetCrystalStats(
         self, request: crystal_pb2.GetCrystalStatsRequest, context: grpc.aio.ServicerContext
     ) -> crystal_pb2.GetCrystalStatsResponse:
-        stats = await self.run(self.engine.crystals.stats, tenant_of(context))
+        stats = await self.calls.run(IO, self.engine.crystals.stats, tenant_of(context))
         return crystal_pb2.GetCrystalStatsResponse(
             total_crystals=stats.total_crystals,
             effective_crystals=stats.effective_crystals,
@@ -154,7 +162,7 @@ class CrystalServicer(Servicer, crystal_pb2_grpc.CrystalServiceServicer):
         request: crystal_pb2.GetCrystalLibraryConfigRequest,
         context: grpc.aio.ServicerContext,
     ) -> crystal_pb2.GetCrystalLibraryConfigResponse:
-        config = await self.run(self.engine.crystals.config, tenant_of(context))
+        config = await self.calls.run(IO, self.engine.crystals.config, tenant_of(context))
         return crystal_pb2.GetCrystalLibraryConfigResponse(config=_config_to_pb(config))
 
     async def SetCrystalLibraryConfig(
@@ -162,7 +170,8 @@ class CrystalServicer(Servicer, crystal_pb2_grpc.CrystalServiceServicer):
         request: crystal_pb2.SetCrystalLibraryConfigRequest,
         context: grpc.aio.ServicerContext,
     ) -> crystal_pb2.SetCrystalLibraryConfigResponse:
-        config, evicted = await self.run(
+        config, evicted = await self.calls.run(
+            IO,
             self.engine.crystals.set_config,
             tenant_of(context),
             max_crystals=request.max_crystals if request.HasField("max_crystals") else None,

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 import grpc
 
 from stratad.api.v1 import profile_pb2, profile_pb2_grpc
-from stratad.domain.profiles import Profiles
+from stratad.domain.profiles import Insights, Profile, Profiles
+from stratad.server.runner import CHEAP, IO
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import timestamp
 from stratad.values import set_value, to_py
 
-T = TypeVar("T")
 
-
-def profile_to_pb(p: dict[str, Any]) -> profile_pb2.UserProfile:
+def profile_to_pb(p: Profile) -> profile_pb2.UserProfile:
     preferences = []
     for k, v in p["preferences"].items():
         pref = profile_pb2.Preference(key=k)
@@ -40,9 +36,9 @@ def profile_to_pb(p: dict[str, Any]) -> profile_pb2.UserProfile:
     )
 
 
-def insights_of(request: profile_pb2.UpdateProfileRequest) -> dict[str, Any]:
+def insights_of(request: profile_pb2.UpdateProfileRequest) -> Insights:
     """Cogency's interaction_insights dict: only the keys the request sets."""
-    insights: dict[str, Any] = {}
+    insights: Insights = {}
     if request.preferences:
         insights["preferences"] = {
             p.key: to_py(p.value, f"preference {p.key!r}") for p in request.preferences
@@ -67,23 +63,24 @@ class ProfileServicer(Servicer, profile_pb2_grpc.ProfileServiceServicer):
     def domain(self) -> Profiles:
         return self.engine.profiles
 
-    async def _read(self, fn: Callable[..., T], tenant: str, *args: Any) -> T:
-        """A cheap read: on the event loop, unless the tenant's profile lock is
-        held across a compaction's fsyncs (see Servicer.read)."""
-        if self.domain.held_for_io(tenant):
-            return await self.run(fn, tenant, *args)
-        return fn(tenant, *args)
-
     async def GetProfile(
         self, request: profile_pb2.GetProfileRequest, context: grpc.aio.ServicerContext
     ) -> profile_pb2.GetProfileResponse:
-        profile = await self._read(self.domain.get, tenant_of(context), request.user_id)
+        tenant = tenant_of(context)
+        profile = await self.calls.run(
+            CHEAP,
+            self.domain.get,
+            tenant,
+            request.user_id,
+            waits_on=self.calls.profile_lock(tenant),
+        )
         return profile_pb2.GetProfileResponse(profile=profile_to_pb(profile))
 
     async def UpdateProfile(
         self, request: profile_pb2.UpdateProfileRequest, context: grpc.aio.ServicerContext
     ) -> profile_pb2.UpdateProfileResponse:
-        profile, created = await self.run(
+        profile, created = await self.calls.run(
+            IO,
             self.domain.update,
             tenant_of(context),
             request.user_id,
@@ -95,13 +92,19 @@ class ProfileServicer(Servicer, profile_pb2_grpc.ProfileServiceServicer):
     async def CompressProfile(
         self, request: profile_pb2.CompressProfileRequest, context: grpc.aio.ServicerContext
     ) -> profile_pb2.CompressProfileResponse:
-        text, truncated = await self._read(
-            self.domain.compress, tenant_of(context), request.user_id, request.max_tokens
+        tenant = tenant_of(context)
+        text, truncated = await self.calls.run(
+            CHEAP,
+            self.domain.compress,
+            tenant,
+            request.user_id,
+            request.max_tokens,
+            waits_on=self.calls.profile_lock(tenant),
         )
         return profile_pb2.CompressProfileResponse(context=text, truncated=truncated)
 
     async def DeleteProfile(
         self, request: profile_pb2.DeleteProfileRequest, context: grpc.aio.ServicerContext
     ) -> profile_pb2.DeleteProfileResponse:
-        await self.run(self.domain.delete, tenant_of(context), request.user_id)
+        await self.calls.run(IO, self.domain.delete, tenant_of(context), request.user_id)
         return profile_pb2.DeleteProfileResponse()

@@ -12,6 +12,7 @@ from stratad.domain import events
 from stratad.domain import structured as st
 from stratad.domain.events import Lagged, QueueItem, SessionEvent
 from stratad.errors import FailedPreconditionError, ResourceExhaustedError
+from stratad.server.runner import CHEAP, IO
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import event_to_pb, session_to_pb
 from stratad.server.servicers.structured import check_servable
@@ -21,7 +22,8 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
     async def CreateSession(
         self, request: session_pb2.CreateSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.CreateSessionResponse:
-        info = await self.run(
+        info = await self.calls.run(
+            IO,
             self.engine.sessions.create,
             tenant_of(context),
             request.session_id,
@@ -34,13 +36,16 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
     async def GetSession(
         self, request: session_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.GetSessionResponse:
-        info = await self.run(self.engine.sessions.info, tenant_of(context), request.session_id)
+        info = await self.calls.run(
+            IO, self.engine.sessions.info, tenant_of(context), request.session_id
+        )
         return session_pb2.GetSessionResponse(session=session_to_pb(info))
 
     async def ListSessions(
         self, request: session_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.ListSessionsResponse:
-        page, token = await self.run(
+        page, token = await self.calls.run(
+            IO,
             self.engine.sessions.list,
             tenant_of(context),
             prefix=request.prefix,
@@ -54,7 +59,8 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
     async def DeleteSession(
         self, request: session_pb2.DeleteSessionRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.DeleteSessionResponse:
-        await self.run(
+        await self.calls.run(
+            IO,
             self.engine.sessions.delete,
             tenant_of(context),
             request.session_id,
@@ -65,8 +71,8 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
     async def GetStructuredState(
         self, request: session_pb2.GetStructuredStateRequest, context: grpc.aio.ServicerContext
     ) -> session_pb2.GetStructuredStateResponse:
-        applied = await self.run(
-            st.current_json, self.engine.sessions, tenant_of(context), request.session_id
+        applied = await self.calls.run(
+            IO, st.current_json, self.engine.sessions, tenant_of(context), request.session_id
         )
         return session_pb2.GetStructuredStateResponse(
             structured_json=applied.result, version=applied.version
@@ -85,39 +91,36 @@ class SessionServicer(Servicer, session_pb2_grpc.SessionServiceServicer):
                 request.expected_version,
             )  # fmt: skip
 
-        applied = await self.run(replace)
+        applied = await self.calls.run(IO, replace)
         return session_pb2.ReplaceStructuredStateResponse(version=applied.version)
 
     async def WatchSession(
         self, request: session_pb2.WatchSessionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[session_pb2.WatchSessionResponse]:
         tenant = tenant_of(context)
-        sessions = self.engine.sessions
-        live = sessions.live(tenant, request.session_id)
-        sub = self.engine.events.subscribe(live.key)
+        # Subscribed on the loop (events are queued through it), then the kept
+        # events copied: no gap, and repeats are skipped (SessionWatch).
+        watch = await self.calls.run(CHEAP, self.engine.sessions.watch, tenant, request.session_id)
         try:
-            with live.lock:  # subscribe and copy history atomically: no gap, no repeat
-                history = list(live.history)
-                current = live.state.version
+            session_lock = self.calls.session_lock(tenant, request.session_id)
+            history, current = await self.calls.run(CHEAP, watch.kept, waits_on=session_lock)
             last = request.from_version or current
             for replayed in _replay(history, request.from_version, current):
                 last = replayed.version
                 yield _response(request.session_id, replayed)
-            while (event := await self._next(sub.queue)) is not None:
+            while (event := await self._next(watch.subscription.queue)) is not None:
                 if isinstance(event, Lagged):
                     raise watcher_lagged(request.session_id, last)
                 if event.version <= last:
                     continue
-                # Writers publish after their fsync, outside the session lock, so
-                # events may arrive out of order; the history has them in order.
-                with live.lock:
-                    pending = [e for e in live.history if last < e.version <= event.version]
-                pending = pending or [event]
-                for missed in pending:
+                pending = await self.calls.run(
+                    CHEAP, watch.between, last, event.version, waits_on=session_lock
+                )
+                for missed in pending or [event]:
                     last = missed.version
                     yield _response(request.session_id, missed)
         finally:
-            self.engine.events.unsubscribe(sub)
+            watch.close()
 
     async def _next(self, queue: asyncio.Queue[QueueItem]) -> QueueItem:
         """The next event; None when the session is deleted or the daemon stops."""

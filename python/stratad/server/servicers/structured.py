@@ -1,60 +1,40 @@
 """Is a whole structured state one the daemon can serve? (ReplaceStructuredState)
 
 A replaced structured state bypasses the checks each facet's own RPCs make,
-so before it is journaled every reader is run on it, as it would be served:
-GetCognitiveState, GetCognitiveStats and BuildContext; ListTasks with
-results and GetGlobalState; GetAgentState. A value any of them cannot serve is
-refused with INVALID_ARGUMENT, naming the facet, rather than stored to fail
-every later read.
+so before it is journaled each facet it holds is parsed against the facet's
+type (`cognitive.parse`, `tasks.parse`, `agent.parse`: types, required and
+unknown keys, ranges and the bounds the RPCs keep). A facet that does not
+parse is refused with INVALID_ARGUMENT naming the facet and the field, rather
+than stored to fail later reads (or the facet's next update).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
 
-from stratad.api.v1 import cognitive_pb2
 from stratad.domain import agent, cognitive, tasks
-from stratad.domain.models import SessionState, SessionStatus
 from stratad.errors import InvalidArgumentError
-from stratad.server.servicers import agent as agent_servicer
-from stratad.server.servicers import cognitive as cognitive_servicer
-from stratad.server.servicers import task as task_servicer
-from stratad.values import to_value
+
+#: Each facet's parse (structured.FACETS, in order).
+PARSERS: dict[str, Callable[[object], object]] = {
+    cognitive.FACET: cognitive.parse,
+    tasks.FACET: tasks.parse,
+    agent.FACET: agent.parse,
+}
 
 
-def check_servable(session_id: str, structured: dict[str, Any]) -> None:
-    state = SessionState(session_id, SessionStatus.ACTIVE, 1, {}, 0.0, 0.0)
-    state.structured = structured
-    for facet, serve in (("cognitive", _cognitive), ("tasks", _tasks), ("agent", _agent)):
+def check_servable(session_id: str, structured: Mapping[str, object]) -> None:
+    """Refuse `structured` (session `session_id`'s, as sent) unless every facet parses."""
+    for facet, parse in PARSERS.items():
         if facet not in structured:
             continue
         try:
-            serve(state)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            parse(structured[facet])
+        except InvalidArgumentError as exc:
             raise InvalidArgumentError(
-                f"structured_json: the {facet!r} facet is not one stratad can serve "
-                f"({type(exc).__name__}: {exc})",
-                metadata={"facet": facet},
+                f"structured_json: the {facet!r} facet is not one stratad can serve: {exc.message}",
+                metadata={**exc.metadata, "facet": facet},
             ) from None
 
 
-def _cognitive(state: SessionState) -> None:
-    cognitive_pb2.GetCognitiveStateResponse(
-        state=cognitive_servicer.state_to_pb(cognitive.state_of(state))
-    )
-    facet = cognitive.facet_of(state)
-    cognitive_pb2.GetCognitiveStatsResponse(**cognitive.stats_of("", state, facet))
-    cognitive.build_context(facet, cognitive.DEFAULT_MAX_TOKENS)
-
-
-def _tasks(state: SessionState) -> None:
-    for task_id, task in tasks._tasks(state).items():
-        task_servicer.task_to_pb(task_id, task, with_result=True)
-    to_value(dict(tasks._globals(state)))
-
-
-def _agent(state: SessionState) -> None:
-    agent_servicer.state_to_pb(agent.facet_of(state))
-
-
-__all__ = ["check_servable"]
+__all__ = ["PARSERS", "check_servable"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import grpc
 
 from stratad.api.v1 import task_pb2, task_pb2_grpc
-from stratad.domain.tasks import GlobalMode, Tasks, TaskStatus
+from stratad.domain.tasks import GlobalMode, Task, Tasks, TaskStatus
 from stratad.errors import InvalidArgumentError
+from stratad.server.runner import CHEAP, IO
 from stratad.server.servicers.base import Servicer, tenant_of
 from stratad.server.servicers.convert import timestamp
 from stratad.values import set_value, to_py, to_value
@@ -39,7 +38,7 @@ def status_from_pb(status: int, *, required: bool) -> TaskStatus | None:
     return found
 
 
-def task_to_pb(task_id: str, task: dict[str, Any], *, with_result: bool) -> task_pb2.Task:
+def task_to_pb(task_id: str, task: Task, *, with_result: bool) -> task_pb2.Task:
     out = task_pb2.Task(
         task_id=task_id,
         status=STATUS_TO_PB.get(task.get("status", ""), task_pb2.TASK_STATUS_UNSPECIFIED),
@@ -62,7 +61,8 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
     ) -> task_pb2.UpdateTaskStatusResponse:
         status = status_from_pb(request.status, required=True)
         assert status is not None
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: task_pb2.UpdateTaskStatusResponse(
                 task=task_to_pb(request.task_id, applied.result, with_result=False),
@@ -79,7 +79,8 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
     async def StoreTaskResult(
         self, request: task_pb2.StoreTaskResultRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.StoreTaskResultResponse:
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: task_pb2.StoreTaskResultResponse(version=applied.version),
             self.domain.store_result,
@@ -93,8 +94,8 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
     async def GetTaskResult(
         self, request: task_pb2.GetTaskResultRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.GetTaskResultResponse:
-        applied = await self.read(
-            self.domain.get_task, tenant_of(context), request.session_id, request.task_id
+        applied = await self.calls.read(
+            CHEAP, self.domain.get_task, tenant_of(context), request.session_id, request.task_id
         )
         task = applied.result
         response = task_pb2.GetTaskResultResponse(
@@ -122,7 +123,7 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
                 version=applied.version,
             )
 
-        return await self.run(list_tasks)
+        return await self.calls.run(IO, list_tasks)
 
     async def UpdateGlobalState(
         self, request: task_pb2.UpdateGlobalStateRequest, context: grpc.aio.ServicerContext
@@ -130,7 +131,8 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
         mode = _MODES.get(request.mode)
         if mode is None:
             raise InvalidArgumentError(f"unknown global state update mode {request.mode}")
-        return await self.mutate_and_answer(
+        return await self.calls.mutate_and_answer(
+            CHEAP,
             context,
             lambda applied: task_pb2.UpdateGlobalStateResponse(
                 value=to_value(applied.result), version=applied.version
@@ -147,8 +149,8 @@ class TaskServicer(Servicer, task_pb2_grpc.TaskServiceServicer):
     async def GetGlobalState(
         self, request: task_pb2.GetGlobalStateRequest, context: grpc.aio.ServicerContext
     ) -> task_pb2.GetGlobalStateResponse:
-        applied = await self.read(
-            self.domain.get_global, tenant_of(context), request.session_id, request.key
+        applied = await self.calls.read(
+            CHEAP, self.domain.get_global, tenant_of(context), request.session_id, request.key
         )
         return task_pb2.GetGlobalStateResponse(
             value=to_value(applied.result), version=applied.version
