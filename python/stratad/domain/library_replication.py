@@ -52,6 +52,7 @@ from stratad.errors import InvalidArgumentError, StratadError
 from stratad.ids import validate_id
 from stratad.store import journal as journal_mod
 from stratad.store.journal import Record
+from stratad.store.log import records as log_records
 from stratad.store.remote import FailureLog, NodeBeat, RemoteTier
 
 if TYPE_CHECKING:
@@ -554,11 +555,4 @@ def parse_segment(data: bytes) -> list[tuple[Record, bytes]] | None:
 
 
 def _records(data: bytes) -> Iterator[tuple[Record, int, int]]:
-    pos = 0
-    while pos < len(data):
-        found = journal_mod._read_record(data, pos)
-        if found is None:
-            return
-        record, end = found
-        yield record, pos, end
-        pos = end
+    return log_records(data)

@@ -19,7 +19,6 @@ TypedDict `Profile`, which `parse` checks a profile from outside against.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
 import time
@@ -32,9 +31,8 @@ from stratad.domain import structured as st
 from stratad.domain.stamps import LEGACY, Key, is_legacy, legacy_key
 from stratad.errors import DataLossError, InvalidArgumentError, NotFoundError, StratadError
 from stratad.ids import validate_id
-from stratad.store import journal as journal_mod
-from stratad.store.crypto import RecordCipher
-from stratad.store.journal import Journal, Record, seal_record
+from stratad.store.journal import Record
+from stratad.store.log import Log, Ticket
 from stratad.store.store import Store
 
 if TYPE_CHECKING:
@@ -244,8 +242,8 @@ def validate_insights(insights: Insights) -> Insights:
 @dataclass
 class _TenantProfiles:
     root: Path
+    log: Log
     lock: threading.Lock = field(default_factory=threading.Lock)
-    journal: Journal | None = None
     #: user ID -> profile: written by `update_from_interaction` (here or, for
     #: replicated records, on another daemon) and replayed from the journal.
     profiles: dict[str, Profile] = field(default_factory=dict)
@@ -255,9 +253,16 @@ class _TenantProfiles:
     #: write, and of each deletion not overwritten since (last writer wins).
     stamps: dict[str, Key] = field(default_factory=dict)
     tombstones: dict[str, Key] = field(default_factory=dict)
-    #: The lock is about to be, or is, held across a compaction's fsyncs:
-    #: reads must not wait for it on the event loop (Profiles.held_for_io).
-    held_for_io: bool = False
+
+    @property
+    def held_for_io(self) -> bool:
+        """The lock is about to be, or is, held across a compaction's fsyncs
+        (Log.compact_guarded): reads must not wait for it on the event loop."""
+        return self.log.held_for_io
+
+    @held_for_io.setter
+    def held_for_io(self, held: bool) -> None:
+        self.log.held_for_io = held
 
     def current(self, user_id: str) -> Key:
         """The stamp a write of `user_id` must exceed to win."""
@@ -281,41 +286,39 @@ class Profiles:
         """Replay every tenant's profile journal (cutting a torn tail)."""
         report = collections.Counter[str]()
         for name in self.store.existing_tenant_names():
-            root = self.store.tenants_root / name / DIRECTORY
-            jpath = root / JOURNAL
-            with contextlib.suppress(FileNotFoundError):
-                (root / (JOURNAL + ".tmp")).unlink()  # an interrupted compaction
-            if not jpath.exists():
+            tp = self._new_tenant(self.store.tenants_root / name / DIRECTORY)
+            if not tp.log.exists():
                 continue
-            tp = _TenantProfiles(root)
-            replay = self.store.read_journal(jpath)
-            if replay.torn_bytes:
-                journal_mod.truncate(jpath, replay.valid_bytes)
-                if replay.zero_tail:  # the preallocated space of a journal left open
-                    report["zero_tails_cut"] += 1
-                else:
-                    report["torn_tails_cut"] += 1
-                    log.warning("cut a torn profile journal tail of %d bytes", replay.torn_bytes)
-            for record in replay.records:
+
+            def apply(record: Record, start: int, end: int, tp: _TenantProfiles = tp) -> None:
                 self._observe(record)
                 _apply(tp, record)
-            if replay.corrupt_at is not None:
+
+            found = tp.log.recover(apply)
+            if found.zero_tail:  # the preallocated space of a journal left open
+                report["zero_tails_cut"] += 1
+            elif found.torn:
+                report["torn_tails_cut"] += 1
+                log.warning("cut a torn profile journal tail of %d bytes", found.cut_bytes)
+            if found.damaged_at is not None:
                 tp.damaged = (
-                    f"the profile journal of tenant {name!r} is damaged at byte {replay.corrupt_at}"
+                    f"the profile journal of tenant {name!r} is damaged at byte {found.damaged_at}"
                 )
                 report["damaged_profile_journals"] += 1
                 log.error(tp.damaged)
-            tp.journal = self.store.open_journal(jpath)
             with self._lock:
                 self._tenants[name] = tp
             report["profiles"] += len(tp.profiles)
         return dict(report)
 
+    def _new_tenant(self, root: Path) -> _TenantProfiles:
+        return _TenantProfiles(root, Log(self.store, root / JOURNAL))
+
     def _tenant(self, tenant: str, *, create: bool) -> _TenantProfiles | None:
         with self._lock:
             tp = self._tenants.get(tenant)
             if tp is None and create:
-                tp = _TenantProfiles(self.store.tenant(tenant).root / DIRECTORY)
+                tp = self._new_tenant(self.store.tenant(tenant).root / DIRECTORY)
                 self._tenants[tenant] = tp
         return tp
 
@@ -349,11 +352,9 @@ class Profiles:
             )
             record = Record("profile.put", self._stamped({"at": at, "user_id": user_id}))
             record.body["profile"] = profile
-            offset, ticket = self._append(tp, tenant, record)
+            durable, ticket = self._append(tp, tenant, record)
             _apply(tp, record)
-            journal = tp.journal
-        assert journal is not None
-        journal.sync(offset)
+        durable.wait()
         self._acknowledge(tenant, ticket)
         self._compact_if_outgrown(tp)
         return profile, old is None
@@ -370,11 +371,9 @@ class Profiles:
             record = Record(
                 "profile.delete", self._stamped({"at": time.time(), "user_id": user_id})
             )
-            offset, ticket = self._append(tp, tenant, record)
+            durable, ticket = self._append(tp, tenant, record)
             _apply(tp, record)
-            journal = tp.journal
-        assert journal is not None
-        journal.sync(offset)
+        durable.wait()
         self._acknowledge(tenant, ticket)
         self._compact_if_outgrown(tp)
 
@@ -397,13 +396,13 @@ class Profiles:
         if self.replica is not None:
             self.replica.clock.observe(int(record.body.get("stamp", 0)))
 
-    def _append(self, tp: _TenantProfiles, tenant: str, record: Record) -> tuple[int, int]:
-        """Journal a record this daemon wrote (lock held); (its end, its replication ticket)."""
-        journal = self._journal(tp)
+    def _append(self, tp: _TenantProfiles, tenant: str, record: Record) -> tuple[Ticket, int]:
+        """Journal a record this daemon wrote (lock held); (its durability, its replica ticket)."""
+        tp.log.create()
         data = record.encode()  # plaintext to the replica: its segments are sealed whole
-        offset = journal.append(_Encoded(seal_record(data, journal.cipher)))
+        durable = tp.log.append_plain(data)
         ticket = self.replica.published(tenant, data) if self.replica is not None else 0
-        return offset, ticket
+        return durable, ticket
 
     def _acknowledge(self, tenant: str, ticket: int) -> None:
         if self.replica is not None and ticket:
@@ -417,20 +416,19 @@ class Profiles:
         """
         tp = self._tenant(tenant, create=True)
         assert tp is not None
-        changed, end = 0, 0
+        changed, durable = 0, None
         with tp.lock:
             _check(tp)
             for record, data in records:
                 self._observe(record)
                 if _key(record) <= tp.current(record.body["user_id"]):
                     continue
-                target = self._journal(tp)
-                end = target.append(_Encoded(seal_record(data, target.cipher)))
+                tp.log.create()
+                durable = tp.log.append_plain(data)
                 _apply(tp, record)
                 changed += 1
-            journal = tp.journal
-        if changed and journal is not None:
-            journal.sync(end)
+        if durable is not None:
+            durable.wait()
             self._compact_if_outgrown(tp)
         return changed
 
@@ -465,13 +463,6 @@ class Profiles:
 
     # -- journal -----------------------------------------------------------------------
 
-    def _journal(self, tp: _TenantProfiles) -> Journal:
-        if tp.journal is None:
-            self.store.make_dirs(tp.root)
-            tp.journal = self.store.open_journal(tp.root / JOURNAL)
-            self.store.fsync_dir(tp.root)
-        return tp.journal
-
     def held_for_io(self, tenant: str) -> bool:
         """Is the tenant's profile lock held across a compaction's fsyncs (or
         about to be)? The servicer then reads on a worker thread, not on the
@@ -480,8 +471,7 @@ class Profiles:
         return tp is not None and tp.held_for_io
 
     def _outgrown(self, tp: _TenantProfiles) -> bool:
-        journal = tp.journal
-        return journal is not None and journal.size > max(
+        return tp.log.journal is not None and tp.log.size > max(
             self.compact_min_bytes, 4 * tp.snapshot_bytes
         )
 
@@ -491,49 +481,31 @@ class Profiles:
         The lock is held across the compaction's fsyncs, so the tenant is
         marked `held_for_io` first and the lock taken once the event loop has
         finished what it was running (`loop_barrier`): reads it starts from
-        then on run on worker threads (SessionManager._exclusively does the
-        same for sessions)."""
+        then on run on worker threads (Log.compact_guarded; SessionManager.
+        _exclusively does the same for sessions)."""
         if not self._outgrown(tp):
             return
-        tp.held_for_io = True
         try:
-            self.loop_barrier()
-            with tp.lock:
-                if self._outgrown(tp) and not tp.damaged:
-                    self._compact(tp)
+            tp.log.compact_guarded(
+                tp.lock,
+                self.loop_barrier,
+                lambda: self._outgrown(tp) and not tp.damaged,
+                lambda _reader: [_snapshot(tp)],
+                lambda: setattr(tp, "snapshot_bytes", tp.log.size),
+            )
         except (OSError, StratadError):
             # The mutation that got here is durable: it must not fail. The old
             # journal stays in use; the next mutation tries again.
             log.exception("compacting the profile journal of %s failed", tp.root)
-        finally:
-            tp.held_for_io = False
-
-    def _compact(self, tp: _TenantProfiles) -> None:
-        """Replace the journal by one snapshot record (lock held)."""
-        old = tp.journal
-        assert old is not None
-        old.sync_now()  # writers still waiting on `old` find their records synced
-        jpath = tp.root / JOURNAL
-        body: dict[str, Any] = {"at": time.time(), "profiles": tp.profiles}
-        if tp.stamps or tp.tombstones:  # replicated: what later merges compare against
-            body["stamps"] = {u: list(k) for u, k in tp.stamps.items()}
-            body["tombstones"] = {u: list(k) for u, k in tp.tombstones.items()}
-        snapshot = Record("snapshot", body)
-        self.store.rewrite_journal(jpath, [snapshot])
-        tp.journal = self.store.open_journal(jpath)
-        tp.snapshot_bytes = tp.journal.size
-        old.close(trim=False)
 
 
-class _Encoded(Record):
-    """A record already encoded (one from another daemon's stream, kept byte for byte)."""
-
-    def __init__(self, data: bytes) -> None:
-        super().__init__("")
-        self.data = data
-
-    def pieces(self, cipher: RecordCipher | None = None) -> list[bytes]:
-        return [self.data]  # sealed (seal_record) before it was made, if at all
+def _snapshot(tp: _TenantProfiles) -> Record:
+    """The one record of a compacted journal: every profile (lock held)."""
+    body: dict[str, Any] = {"at": time.time(), "profiles": tp.profiles}
+    if tp.stamps or tp.tombstones:  # replicated: what later merges compare against
+        body["stamps"] = {u: list(k) for u, k in tp.stamps.items()}
+        body["tombstones"] = {u: list(k) for u, k in tp.tombstones.items()}
+    return Record("snapshot", body)
 
 
 def _key(record: Record) -> Key:

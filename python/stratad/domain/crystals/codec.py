@@ -15,33 +15,14 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 from stratad.domain.crystals.model import Crystal, ErrorPattern
 from stratad.errors import DataLossError
-from stratad.store import journal as journal_mod
 from stratad.store.crypto import RecordCipher
 from stratad.store.journal import Record
 
 _HEADER = struct.Struct("<II")  # the journal's record header: length, CRC-32
-
-
-class _Encoded(Record):
-    """A record encoded once, so that its size is known when it is appended and
-    compaction can copy it byte for byte."""
-
-    def __init__(self, data: bytes) -> None:
-        super().__init__("")
-        self.data = data
-
-    def encode(self, cipher: RecordCipher | None = None) -> bytes:
-        return self.data  # encoded (and sealed, if at all) when it was made
-
-    def pieces(
-        self, cipher: RecordCipher | None = None
-    ) -> list[bytes]:  # what Journal.append writes
-        return [self.data]
 
 
 def _crystal_body(crystal: Crystal, seq: int, node: str | None = None) -> dict[str, Any]:
@@ -93,19 +74,3 @@ def _decode(data: bytes, size: int, cipher: RecordCipher | None) -> dict[str, An
     except (ValueError, KeyError, struct.error, DataLossError):
         return None
     return record.body if record.kind == "crystal" else None
-
-
-def _records(data: bytes, cipher: RecordCipher | None) -> Iterator[tuple[Record, int, int]]:
-    """(record, start, end) of every valid record from the start of `data`.
-
-    A record that is framed correctly but does not open with `cipher` raises
-    (a DataLossError): damage, not a torn tail.
-    """
-    pos = 0
-    while pos < len(data):
-        found = journal_mod._read_record(data, pos, cipher)
-        if found is None:
-            return
-        record, end = found
-        yield record, pos, end
-        pos = end

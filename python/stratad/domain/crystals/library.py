@@ -16,7 +16,6 @@ the columns, the listing order and the replication counters stay consistent.
 from __future__ import annotations
 
 import bisect
-import os
 import sys
 import threading
 from array import array
@@ -31,6 +30,7 @@ from stratad.domain.stamps import LEGACY, Key
 from stratad.errors import DataLossError, NotFoundError
 from stratad.store.crypto import RecordCipher
 from stratad.store.journal import Journal
+from stratad.store.log import Log
 
 
 @dataclass(eq=False)
@@ -42,12 +42,11 @@ class _Library:
 
     tenant: str
     root: Path
+    #: The library's journal (store/log.py), opened with reads: crystals are
+    #: read back from their records.
+    log: Log
     config: LibraryConfig = field(default_factory=LibraryConfig)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    journal: Journal | None = None
-    #: Seals the journal's records (encryption at rest); None: plaintext.
-    cipher: RecordCipher | None = None
-    read_fd: int = -1
     index: native.CrystalIndex = field(default_factory=native.CrystalIndex)
     ids: dict[str, int] = field(default_factory=dict)
     id_at: list[str | None] = field(default_factory=list)
@@ -212,6 +211,15 @@ class _Library:
             self.discard(crystal_id)
         return True
 
+    @property
+    def journal(self) -> Journal | None:
+        return self.log.journal
+
+    @property
+    def cipher(self) -> RecordCipher | None:
+        """Seals the journal's records (encryption at rest); None: plaintext."""
+        return self.log.cipher
+
     def slot_of(self, crystal_id: str) -> int:
         slot = self.ids.get(crystal_id)
         if slot is None:
@@ -222,7 +230,7 @@ class _Library:
         """The crystal in `slot`, its contents read back from the journal."""
         offset, size = self.offset_at[slot], self.size_at[slot]
         try:
-            data = os.pread(self.read_fd, size, offset)
+            data = self.log.read_at(offset, size)
         except OSError as exc:
             raise DataLossError(f"cannot read crystal {self.id_at[slot]!r}: {exc}") from exc
         body = _decode(data, size, self.cipher)

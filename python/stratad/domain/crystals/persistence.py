@@ -6,9 +6,10 @@ commit), and acknowledged only after that. When the journal is more than twice
 what the live crystals need (and over ``compact_min_bytes``), it is rewritten: a
 ``config`` record, the live ``crystal`` records copied byte for byte in creation
 order, one ``reuse`` record per crystal reused so far (with replication, one per
-daemon's counters) and the deletion tombstones. Replay at start streams the file
-(memory-mapped), cuts a torn tail, and refuses writes to a library whose journal
-is damaged in the middle (reads keep working).
+daemon's counters) and the deletion tombstones. The files are the log engine's
+(store/log.py): replay at start streams the file (memory-mapped), cuts a torn
+tail, and this module refuses writes to a library whose journal is damaged in the
+middle (reads keep working).
 
 `_JournaledLibraries` is the base of `CrystalLibraries` (service.py): the
 tenants' libraries and their journals, without the operations of the service.
@@ -17,25 +18,21 @@ tenants' libraries and their journals, without the operations of the service.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
-import mmap
-import os
 import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from stratad.domain.crystals.codec import _Encoded, _records
 from stratad.domain.crystals.library import _Library
 from stratad.domain.crystals.merge import _apply_record, _counter_records, _stamp_of
 from stratad.domain.crystals.model import LibraryConfig
 from stratad.domain.stamps import LEGACY
 from stratad.errors import DataLossError, StratadError
 from stratad.ids import validate_id
-from stratad.store import journal as journal_mod
 from stratad.store.journal import Journal, Record
+from stratad.store.log import RELEASE_BYTES, Encoded, Log, Reader
 from stratad.store.store import Store
 
 if TYPE_CHECKING:
@@ -46,20 +43,9 @@ log = logging.getLogger(__name__)
 DIRECTORY = "crystals"
 JOURNAL = "journal"
 
-#: While streaming through a mapped journal, the pages already read are released
-#: (they stay in the page cache) every this many bytes, so that replaying or
-#: compacting a large journal does not hold all of it in the daemon's memory.
-_RELEASE_BYTES = 64 << 20
-
-
-def _release(mapped: mmap.mmap, released: int, upto: int) -> int:
-    """Drop the mapped pages in [released, upto) once there are enough; return the new mark."""
-    if upto - released < _RELEASE_BYTES:
-        return released
-    end = upto - upto % mmap.PAGESIZE
-    with contextlib.suppress(OSError, ValueError):
-        mapped.madvise(mmap.MADV_DONTNEED, released, end - released)
-    return end
+#: Replay and compaction release the pages of the journal they have read
+#: every this many bytes (store/log.py).
+_RELEASE_BYTES = RELEASE_BYTES
 
 
 class _JournaledLibraries:
@@ -87,56 +73,40 @@ class _JournaledLibraries:
         """Replay every tenant's crystal journal (cutting a torn tail)."""
         report = collections.Counter[str]()
         for name in self.store.existing_tenant_names():
-            root = self.store.tenants_root / name / DIRECTORY
-            with contextlib.suppress(FileNotFoundError):
-                (root / (JOURNAL + ".tmp")).unlink()  # an interrupted compaction
-            if not (root / JOURNAL).exists():
+            lib = self._new_library(name)
+            if not lib.log.exists():
                 continue
-            lib = _Library(name, root)
             self._replay(lib, report)
             with self._lock:
                 self._libraries[name] = lib
             report["crystals"] += len(lib)
         return dict(report)
 
+    def _new_library(self, tenant: str) -> _Library:
+        root = self.store.tenants_root / tenant / DIRECTORY
+        return _Library(tenant, root, Log(self.store, root / JOURNAL))
+
     def _replay(self, lib: _Library, report: collections.Counter[str]) -> None:
-        path = lib.root / JOURNAL
-        lib.cipher = self.store.journal_cipher(path)
-        end = 0
-        torn = zeros = False
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size:
-                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                    data = cast(bytes, mapped)
-                    released = 0
-                    try:
-                        for record, start, stop in _records(data, lib.cipher):
-                            self._apply(lib, record, start, stop - start)
-                            end = stop
-                            released = _release(mapped, released, end)
-                    except (KeyError, TypeError, ValueError, DataLossError) as exc:
-                        log.error("bad crystal journal record at byte %d: %s", end, exc)
-                    else:
-                        torn = end < size and journal_mod._is_torn_tail(data, end, lib.cipher)
-                        zeros = torn and mapped[end:] == bytes(size - end)
-        if end < size:
-            if torn:
-                journal_mod.truncate(path, end)
-                if zeros:  # the preallocated space of a journal left open
-                    report["crystal_zero_tails_cut"] += 1
-                else:
-                    report["crystal_torn_tails_cut"] += 1
-                    log.warning("cut a torn crystal journal tail of %d bytes", size - end)
-            else:
-                lib.damaged = (
-                    f"the crystal journal of tenant {lib.tenant!r} is damaged at byte {end}; "
-                    "its crystals can be read but not changed"
-                )
-                report["damaged_crystal_journals"] += 1
-                log.error(lib.damaged)
-        lib.journal = self.store.open_journal(path)
-        lib.read_fd = os.open(path, os.O_RDONLY)
+        found = lib.log.recover(
+            lambda record, start, stop: self._apply(lib, record, start, stop - start),
+            refused=(KeyError, TypeError, ValueError, DataLossError),
+            release_bytes=_RELEASE_BYTES,
+            reads=True,
+        )
+        if found.error:
+            log.error("bad crystal journal record at byte %d: %s", found.valid_bytes, found.error)
+        if found.zero_tail:  # the preallocated space of a journal left open
+            report["crystal_zero_tails_cut"] += 1
+        elif found.torn:
+            report["crystal_torn_tails_cut"] += 1
+            log.warning("cut a torn crystal journal tail of %d bytes", found.cut_bytes)
+        if found.damaged_at is not None:
+            lib.damaged = (
+                f"the crystal journal of tenant {lib.tenant!r} is damaged at byte "
+                f"{found.damaged_at}; its crystals can be read but not changed"
+            )
+            report["damaged_crystal_journals"] += 1
+            log.error(lib.damaged)
 
     def _apply(self, lib: _Library, record: Record, offset: int, size: int) -> None:
         """Apply one journal record (replay, or a record another daemon wrote) by the
@@ -152,9 +122,7 @@ class _JournaledLibraries:
             libraries = list(self._libraries.values())
         for lib in libraries:
             with lib.lock:
-                if lib.read_fd >= 0:
-                    os.close(lib.read_fd)
-                    lib.read_fd = -1
+                lib.log.close()
 
     # -- libraries ---------------------------------------------------------------
 
@@ -163,7 +131,7 @@ class _JournaledLibraries:
             lib = self._libraries.get(tenant)
             if lib is None and create:
                 validate_id(tenant, "tenant")
-                lib = _Library(tenant, self.store.tenants_root / tenant / DIRECTORY)
+                lib = self._new_library(tenant)
                 self._libraries[tenant] = lib
         return lib
 
@@ -178,13 +146,8 @@ class _JournaledLibraries:
             raise DataLossError(lib.damaged)
 
     def _journal(self, lib: _Library) -> Journal:
-        if lib.journal is None:
-            self.store.make_dirs(lib.root)
-            path = lib.root / JOURNAL
-            lib.journal = self.store.open_journal(path)
-            lib.cipher = lib.journal.cipher
-            lib.read_fd = os.open(path, os.O_RDONLY)
-            self.store.fsync_dir(lib.root)
+        lib.log.create(reads=True)
+        assert lib.journal is not None
         return lib.journal
 
     def _append(self, lib: _Library, record: Record) -> tuple[int, int]:
@@ -194,13 +157,13 @@ class _JournaledLibraries:
         stream in object storage (`lib.ticket` says when it is shipped), in
         plaintext: the stream's segments are sealed as a whole (store/remote.py).
         """
-        journal = self._journal(lib)
+        self._journal(lib)
         plain = record.encode()
-        data = journal_mod.seal_record(plain, journal.cipher)
-        end = journal.append(_Encoded(data))
+        appended = lib.log.append_plain(plain)
         if self.replica is not None:
             lib.ticket = self.replica.published(lib.tenant, plain)
-        return end - len(data), len(data)
+        end = appended.end or 0
+        return appended.start, end - appended.start
 
     def _acknowledge(self, tenant: str, ticket: int) -> None:
         """After the local fsync: `sync` replication waits here for object storage."""
@@ -244,33 +207,27 @@ class _JournaledLibraries:
 
     def compact(self, lib: _Library) -> None:
         """Rewrite `lib`'s journal with only what its live crystals need (lock held)."""
-        old = lib.journal
-        assert old is not None
-        old.sync_now()  # writers still waiting on `old` find their records synced
-        path = lib.root / JOURNAL
         new_offsets = array("q", lib.offset_at)
-        with mmap.mmap(lib.read_fd, 0, access=mmap.ACCESS_READ) as mapped:
-            self.store.rewrite_journal(path, self._live_records(lib, mapped, new_offsets))
+        lib.log.compact(
+            lambda reader: self._live_records(lib, reader, new_offsets),
+            release_bytes=_RELEASE_BYTES,
+        )
         lib.offset_at = new_offsets
-        lib.journal = self.store.open_journal(path)
-        old_fd, lib.read_fd = lib.read_fd, os.open(path, os.O_RDONLY)
-        os.close(old_fd)
-        old.close(trim=False)
         if lib.listed_holes:
             lib._trim_listing()
         log.info(
             "compacted the crystal journal of tenant %r: %d crystals, %d bytes",
             lib.tenant,
             len(lib),
-            lib.journal.size,
+            lib.log.size,
         )
 
     def _live_records(
-        self, lib: _Library, mapped: mmap.mmap, new_offsets: array[int]
+        self, lib: _Library, reader: Reader, new_offsets: array[int]
     ) -> Iterator[Record]:
         """The compacted journal's records; fills `new_offsets` as it goes."""
         pos = 0
-        header = _Encoded(self._config_record(lib, lib.config).encode(lib.cipher))
+        header = Encoded(self._config_record(lib, lib.config).encode(lib.cipher))
         pos += len(header.data)
         yield header
         live = [
@@ -278,14 +235,12 @@ class _JournaledLibraries:
             for seq, slot in zip(lib.listed_seq, lib.listed_slot, strict=True)
             if lib.seq_at[slot] == seq
         ]
-        released = 0
         for _, slot in live:
             offset, size = lib.offset_at[slot], lib.size_at[slot]
-            data = mapped[offset : offset + size]
+            data = reader.read(offset, size)
             new_offsets[slot] = pos
             pos += size
-            released = _release(mapped, released, offset)
-            yield _Encoded(data)
+            yield Encoded(data)
         for _, slot in live:
             if slot in lib.contrib:  # replicated: every daemon's counters
                 yield from _counter_records(lib, slot, lambda node: True)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import bisect
 import builtins
 import dataclasses
-import os
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from stratad import native
-from stratad.domain.crystals.codec import _crystal_body, _Encoded
+from stratad.domain.crystals.codec import _crystal_body
 from stratad.domain.crystals.library import _Library
 from stratad.domain.crystals.merge import _apply_counters, _changes, _counter_records, _stamp_of
 from stratad.domain.crystals.model import (
@@ -395,10 +394,10 @@ class CrystalLibraries(_JournaledLibraries):
                     if record.kind == "reuse" and "node" in record.body:
                         _apply_counters(lib, record.body, lib.ids.get(record.body["id"]))
                     continue
-                target = self._journal(lib)
-                sealed = journal_mod.seal_record(data, target.cipher)
-                end = target.append(_Encoded(sealed))
-                self._apply(lib, record, end - len(sealed), len(sealed))
+                self._journal(lib)
+                appended = lib.log.append_plain(data)
+                end = appended.end or 0
+                self._apply(lib, record, appended.start, end - appended.start)
                 changed += 1
             journal = lib.journal
             if changed:
@@ -433,7 +432,7 @@ class CrystalLibraries(_JournaledLibraries):
             ]
             for slot in live:
                 if lib.node_at[slot] in ours:
-                    stored = os.pread(lib.read_fd, lib.size_at[slot], lib.offset_at[slot])
+                    stored = lib.log.read_at(lib.offset_at[slot], lib.size_at[slot])
                     out.append(journal_mod.open_record(stored, lib.cipher))
             for slot in live:
                 if lib.reuses_at[slot]:
