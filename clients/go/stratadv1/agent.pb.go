@@ -1183,7 +1183,7 @@ func (x *GetAgentStateResponse) GetVersion() uint64 {
 type CompressContextRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// The seed's max_tokens, applied to characters as the seed does (0 = 1000).
+	// Cogency's max_tokens, applied to characters as Cogency does (0 = 1000).
 	MaxTokens     int32 `protobuf:"varint,2,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

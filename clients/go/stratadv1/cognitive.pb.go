@@ -470,10 +470,10 @@ func (x *ErrorEntry) GetStatus() ErrorStatus {
 
 type EntityRelationship struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The seed's `from`.
+	// corteX's `from`.
 	EntityA  string `protobuf:"bytes,1,opt,name=entity_a,json=entityA,proto3" json:"entity_a,omitempty"`
 	Relation string `protobuf:"bytes,2,opt,name=relation,proto3" json:"relation,omitempty"`
-	// The seed's `to`.
+	// corteX's `to`.
 	EntityB       string `protobuf:"bytes,3,opt,name=entity_b,json=entityB,proto3" json:"entity_b,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1,5 +1,5 @@
 // CrystalService: reusable patterns ("crystals") learned from successful runs
-// (seed 001, corteX MemoryCrystallizer). See docs/crystals.md.
+// (corteX's MemoryCrystallizer). See docs/crystals.md.
 //
 // Each tenant has its own library of crystals, persistent across restarts and
 // bounded by its max_crystals (default 200): over the limit, the least
@@ -274,7 +274,7 @@ func (x *ErrorPattern) GetResolution() string {
 	return ""
 }
 
-// One step of an execution trace (the seed's step dict). Empty fields are
+// One step of an execution trace (corteX's step dict). Empty fields are
 // absent keys.
 type TraceStep struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -693,7 +693,7 @@ func (x *QueryCrystalsResponse) GetGoalTemplate() string {
 type ApplyCrystalRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	CrystalId string                 `protobuf:"bytes,1,opt,name=crystal_id,json=crystalId,proto3" json:"crystal_id,omitempty"`
-	// The caller's current context. Accepted for the seed's signature; the
+	// The caller's current context. Accepted for corteX's signature; the
 	// prompt does not include it.
 	Context       string `protobuf:"bytes,2,opt,name=context,proto3" json:"context,omitempty"`
 	unknownFields protoimpl.UnknownFields

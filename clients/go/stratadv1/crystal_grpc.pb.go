@@ -1,5 +1,5 @@
 // CrystalService: reusable patterns ("crystals") learned from successful runs
-// (seed 001, corteX MemoryCrystallizer). See docs/crystals.md.
+// (corteX's MemoryCrystallizer). See docs/crystals.md.
 //
 // Each tenant has its own library of crystals, persistent across restarts and
 // bounded by its max_crystals (default 200): over the limit, the least

@@ -372,7 +372,7 @@ func (x *GetProfileResponse) GetProfile() *UserProfile {
 	return nil
 }
 
-// The seed's interaction_insights dict; absent/empty fields change nothing.
+// Cogency's interaction_insights dict; absent/empty fields change nothing.
 type UpdateProfileRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	UserId string                 `protobuf:"bytes,1,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
@@ -380,10 +380,10 @@ type UpdateProfileRequest struct {
 	Preferences []*Preference `protobuf:"bytes,2,rep,name=preferences,proto3" json:"preferences,omitempty"`
 	// New ones appended; the 10 newest kept.
 	Goals []string `protobuf:"bytes,3,rep,name=goals,proto3" json:"goals,omitempty"`
-	// The seed's "expertise": new ones appended to expertise_areas; 15 kept.
+	// Cogency's "expertise": new ones appended to expertise_areas; 15 kept.
 	Expertise          []string `protobuf:"bytes,4,rep,name=expertise,proto3" json:"expertise,omitempty"`
 	CommunicationStyle *string  `protobuf:"bytes,5,opt,name=communication_style,json=communicationStyle,proto3,oneof" json:"communication_style,omitempty"`
-	// The seed's "project_context": merged into projects; 10 kept.
+	// Cogency's "project_context": merged into projects; 10 kept.
 	ProjectContext []*Project `protobuf:"bytes,6,rep,name=project_context,json=projectContext,proto3" json:"project_context,omitempty"`
 	SuccessPattern *string    `protobuf:"bytes,7,opt,name=success_pattern,json=successPattern,proto3,oneof" json:"success_pattern,omitempty"`
 	FailurePattern *string    `protobuf:"bytes,8,opt,name=failure_pattern,json=failurePattern,proto3,oneof" json:"failure_pattern,omitempty"`
@@ -560,7 +560,7 @@ func (x *UpdateProfileResponse) GetCreated() bool {
 type CompressProfileRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	UserId string                 `protobuf:"bytes,1,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
-	// Characters, as the seed's compress() (0 = 800).
+	// Characters, as Cogency's compress() (0 = 800).
 	MaxTokens     int32 `protobuf:"varint,2,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

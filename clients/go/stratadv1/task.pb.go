@@ -32,7 +32,7 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// The seed's "pending", "in-progress", "completed", "failed".
+// AIWhisperer's "pending", "in-progress", "completed", "failed".
 type TaskStatus int32
 
 const (
@@ -98,10 +98,10 @@ const (
 	// Replace the key's value.
 	GlobalUpdateMode_GLOBAL_UPDATE_MODE_SET GlobalUpdateMode = 1
 	// Append `value` to the list at the key (a new list when unset), e.g. one
-	// more of the seed's file_paths. FAILED_PRECONDITION if the key holds a non-list.
+	// more of AIWhisperer's file_paths. FAILED_PRECONDITION if the key holds a non-list.
 	GlobalUpdateMode_GLOBAL_UPDATE_MODE_APPEND GlobalUpdateMode = 2
 	// Merge the object `value` into the object at the key (top-level keys), e.g.
-	// the seed's other_context. FAILED_PRECONDITION if the key holds a non-object.
+	// AIWhisperer's other_context. FAILED_PRECONDITION if the key holds a non-object.
 	GlobalUpdateMode_GLOBAL_UPDATE_MODE_MERGE GlobalUpdateMode = 3
 )
 

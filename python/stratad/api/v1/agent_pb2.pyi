@@ -564,7 +564,7 @@ class CompressContextRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     max_tokens: _builtins.int
-    """The seed's max_tokens, applied to characters as the seed does (0 = 1000)."""
+    """Cogency's max_tokens, applied to characters as Cogency does (0 = 1000)."""
     def __init__(
         self,
         *,

@@ -269,10 +269,10 @@ class EntityRelationship(_message.Message):
     RELATION_FIELD_NUMBER: _builtins.int
     ENTITY_B_FIELD_NUMBER: _builtins.int
     entity_a: _builtins.str
-    """The seed's `from`."""
+    """corteX's `from`."""
     relation: _builtins.str
     entity_b: _builtins.str
-    """The seed's `to`."""
+    """corteX's `to`."""
     def __init__(
         self,
         *,

@@ -187,7 +187,7 @@ Global___GetProfileResponse: _TypeAlias = GetProfileResponse  # noqa: Y015
 
 @_typing.final
 class UpdateProfileRequest(_message.Message):
-    """The seed's interaction_insights dict; absent/empty fields change nothing."""
+    """Cogency's interaction_insights dict; absent/empty fields change nothing."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -218,11 +218,11 @@ class UpdateProfileRequest(_message.Message):
 
     @_builtins.property
     def expertise(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The seed's "expertise": new ones appended to expertise_areas; 15 kept."""
+        """Cogency's "expertise": new ones appended to expertise_areas; 15 kept."""
 
     @_builtins.property
     def project_context(self) -> _containers.RepeatedCompositeFieldContainer[Global___Project]:
-        """The seed's "project_context": merged into projects; 10 kept."""
+        """Cogency's "project_context": merged into projects; 10 kept."""
 
     @_builtins.property
     def interests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -298,7 +298,7 @@ class CompressProfileRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     max_tokens: _builtins.int
-    """Characters, as the seed's compress() (0 = 800)."""
+    """Characters, as Cogency's compress() (0 = 800)."""
     def __init__(
         self,
         *,

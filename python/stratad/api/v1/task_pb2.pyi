@@ -45,7 +45,7 @@ class _TaskStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskStatus
     TASK_STATUS_FAILED: _TaskStatus.ValueType  # 4
 
 class TaskStatus(_TaskStatus, metaclass=_TaskStatusEnumTypeWrapper):
-    """The seed's "pending", "in-progress", "completed", "failed"."""
+    """AIWhisperer's "pending", "in-progress", "completed", "failed"."""
 
 TASK_STATUS_UNSPECIFIED: TaskStatus.ValueType  # 0
 """Not set: a task created by StoreTaskResult has no status yet; as a
@@ -69,11 +69,11 @@ class _GlobalUpdateModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Glob
     """Replace the key's value."""
     GLOBAL_UPDATE_MODE_APPEND: _GlobalUpdateMode.ValueType  # 2
     """Append `value` to the list at the key (a new list when unset), e.g. one
-    more of the seed's file_paths. FAILED_PRECONDITION if the key holds a non-list.
+    more of AIWhisperer's file_paths. FAILED_PRECONDITION if the key holds a non-list.
     """
     GLOBAL_UPDATE_MODE_MERGE: _GlobalUpdateMode.ValueType  # 3
     """Merge the object `value` into the object at the key (top-level keys), e.g.
-    the seed's other_context. FAILED_PRECONDITION if the key holds a non-object.
+    AIWhisperer's other_context. FAILED_PRECONDITION if the key holds a non-object.
     """
 
 class GlobalUpdateMode(_GlobalUpdateMode, metaclass=_GlobalUpdateModeEnumTypeWrapper): ...
@@ -84,11 +84,11 @@ GLOBAL_UPDATE_MODE_SET: GlobalUpdateMode.ValueType  # 1
 """Replace the key's value."""
 GLOBAL_UPDATE_MODE_APPEND: GlobalUpdateMode.ValueType  # 2
 """Append `value` to the list at the key (a new list when unset), e.g. one
-more of the seed's file_paths. FAILED_PRECONDITION if the key holds a non-list.
+more of AIWhisperer's file_paths. FAILED_PRECONDITION if the key holds a non-list.
 """
 GLOBAL_UPDATE_MODE_MERGE: GlobalUpdateMode.ValueType  # 3
 """Merge the object `value` into the object at the key (top-level keys), e.g.
-the seed's other_context. FAILED_PRECONDITION if the key holds a non-object.
+AIWhisperer's other_context. FAILED_PRECONDITION if the key holds a non-object.
 """
 Global___GlobalUpdateMode: _TypeAlias = GlobalUpdateMode  # noqa: Y015
 

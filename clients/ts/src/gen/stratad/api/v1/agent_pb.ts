@@ -590,7 +590,7 @@ export type CompressContextRequest = Message<"stratad.api.v1.CompressContextRequ
   sessionId: string;
 
   /**
-   * The seed's max_tokens, applied to characters as the seed does (0 = 1000).
+   * Cogency's max_tokens, applied to characters as Cogency does (0 = 1000).
    *
    * @generated from field: int32 max_tokens = 2;
    */

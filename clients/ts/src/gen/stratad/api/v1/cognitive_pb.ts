@@ -223,7 +223,7 @@ export const ErrorEntrySchema: GenMessage<ErrorEntry> = /*@__PURE__*/
  */
 export type EntityRelationship = Message<"stratad.api.v1.EntityRelationship"> & {
   /**
-   * The seed's `from`.
+   * corteX's `from`.
    *
    * @generated from field: string entity_a = 1;
    */
@@ -235,7 +235,7 @@ export type EntityRelationship = Message<"stratad.api.v1.EntityRelationship"> & 
   relation: string;
 
   /**
-   * The seed's `to`.
+   * corteX's `to`.
    *
    * @generated from field: string entity_b = 3;
    */

@@ -1,5 +1,5 @@
 // CrystalService: reusable patterns ("crystals") learned from successful runs
-// (seed 001, corteX MemoryCrystallizer). See docs/crystals.md.
+// (corteX's MemoryCrystallizer). See docs/crystals.md.
 //
 // Each tenant has its own library of crystals, persistent across restarts and
 // bounded by its max_crystals (default 200): over the limit, the least
@@ -136,7 +136,7 @@ export const ErrorPatternSchema: GenMessage<ErrorPattern> = /*@__PURE__*/
   messageDesc(file_stratad_api_v1_crystal, 1);
 
 /**
- * One step of an execution trace (the seed's step dict). Empty fields are
+ * One step of an execution trace (corteX's step dict). Empty fields are
  * absent keys.
  *
  * @generated from message stratad.api.v1.TraceStep
@@ -361,7 +361,7 @@ export type ApplyCrystalRequest = Message<"stratad.api.v1.ApplyCrystalRequest"> 
   crystalId: string;
 
   /**
-   * The caller's current context. Accepted for the seed's signature; the
+   * The caller's current context. Accepted for corteX's signature; the
    * prompt does not include it.
    *
    * @generated from field: string context = 2;

@@ -190,7 +190,7 @@ export const GetProfileResponseSchema: GenMessage<GetProfileResponse> = /*@__PUR
   messageDesc(file_stratad_api_v1_profile, 4);
 
 /**
- * The seed's interaction_insights dict; absent/empty fields change nothing.
+ * Cogency's interaction_insights dict; absent/empty fields change nothing.
  *
  * @generated from message stratad.api.v1.UpdateProfileRequest
  */
@@ -215,7 +215,7 @@ export type UpdateProfileRequest = Message<"stratad.api.v1.UpdateProfileRequest"
   goals: string[];
 
   /**
-   * The seed's "expertise": new ones appended to expertise_areas; 15 kept.
+   * Cogency's "expertise": new ones appended to expertise_areas; 15 kept.
    *
    * @generated from field: repeated string expertise = 4;
    */
@@ -227,7 +227,7 @@ export type UpdateProfileRequest = Message<"stratad.api.v1.UpdateProfileRequest"
   communicationStyle?: string | undefined;
 
   /**
-   * The seed's "project_context": merged into projects; 10 kept.
+   * Cogency's "project_context": merged into projects; 10 kept.
    *
    * @generated from field: repeated stratad.api.v1.Project project_context = 6;
    */
@@ -306,7 +306,7 @@ export type CompressProfileRequest = Message<"stratad.api.v1.CompressProfileRequ
   userId: string;
 
   /**
-   * Characters, as the seed's compress() (0 = 800).
+   * Characters, as Cogency's compress() (0 = 800).
    *
    * @generated from field: int32 max_tokens = 2;
    */

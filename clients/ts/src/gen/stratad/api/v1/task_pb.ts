@@ -399,7 +399,7 @@ export const GetGlobalStateResponseSchema: GenMessage<GetGlobalStateResponse> = 
   messageDesc(file_stratad_api_v1_task, 12);
 
 /**
- * The seed's "pending", "in-progress", "completed", "failed".
+ * AIWhisperer's "pending", "in-progress", "completed", "failed".
  *
  * @generated from enum stratad.api.v1.TaskStatus
  */
@@ -459,7 +459,7 @@ export enum GlobalUpdateMode {
 
   /**
    * Append `value` to the list at the key (a new list when unset), e.g. one
-   * more of the seed's file_paths. FAILED_PRECONDITION if the key holds a non-list.
+   * more of AIWhisperer's file_paths. FAILED_PRECONDITION if the key holds a non-list.
    *
    * @generated from enum value: GLOBAL_UPDATE_MODE_APPEND = 2;
    */
@@ -467,7 +467,7 @@ export enum GlobalUpdateMode {
 
   /**
    * Merge the object `value` into the object at the key (top-level keys), e.g.
-   * the seed's other_context. FAILED_PRECONDITION if the key holds a non-object.
+   * AIWhisperer's other_context. FAILED_PRECONDITION if the key holds a non-object.
    *
    * @generated from enum value: GLOBAL_UPDATE_MODE_MERGE = 3;
    */
