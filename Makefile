@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 .PHONY: help dev build run test test-fast test-slow lint format typecheck stubtest \
         rust-check proto proto-check core-purity bench clean deploy-check s3-server \
-        go-tools proto-lint go-gen go-check chromium ts-client ts-proto interop-tools
+        go-tools deploy-tools proto-lint go-gen go-check chromium ts-client ts-proto interop-tools
 
 help: ## List the targets with a one-line description
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -120,6 +120,9 @@ wheel-test: $(STAMP) wheel ## Install dist/'s wheel without Rust: an agent venv 
 
 deploy-check: $(STAMP) ## Check deploy/ offline: hadolint, Dockerfile build steps, helm lint/template, kubeconform
 	bash scripts/check_deploy.sh
+
+deploy-tools: ## Install deploy-check's tools only (helm, kubeconform, hadolint, schemas) into .tools/
+	bash scripts/check_deploy.sh --tools-only
 
 # Deployment tested for real (docs/deploy.md "What CI proves"): a Docker engine
 # (Debian's docker.io, dockerd started by scripts/docker/engine.sh) builds

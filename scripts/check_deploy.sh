@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Offline checks of deploy/ (make deploy-check; CI runs it). No Docker engine and
 # no cluster needed; the tools come from the registries this machine reaches and
-# are cached under .tools/ (gitignored):
+# are installed into .tools/ (gitignored; Go's own build and module caches make a
+# fresh clone's install a relink of seconds, not the ~100 s of a cold build):
 #
 #   helm         go install helm.sh/helm/v3/cmd/helm       (Go module proxy)
 #   kubeconform  go install github.com/yannh/kubeconform   (Go module proxy)
@@ -24,6 +25,8 @@
 #      tests/unit/test_deploy_docs.py: docs/deploy.md's helm template block, as written.
 #
 # Set SKIP_DOCKER_BUILD=1 to skip the build steps of check 2 (static rules still run).
+# `check_deploy.sh --tools-only` installs the tools and stops (.ci/run starts it in
+# the background at t=0, so the checks later find them built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -56,7 +59,7 @@ go_tool() {  # name module version [extra go flags...]
         return
     fi
     echo "installing $name $version (go install; cached in $TOOLS)"
-    GOBIN=$TOOLS/bin GOCACHE=$TOOLS/go/cache GOMODCACHE=$TOOLS/go/mod GOFLAGS=-modcacherw \
+    GOBIN=$TOOLS/bin GOFLAGS=-modcacherw \
         GOTOOLCHAIN=local timeout "$INSTALL_TIMEOUT" go install -trimpath "$@" "$module@$version"
     echo "$version" >"$stamp"
 }
@@ -104,6 +107,10 @@ KUBECONFORM=$TOOLS/bin/kubeconform
 "$HELM" version --short
 "$KUBECONFORM" -v
 "$TOOLS/venv/bin/hadolint" --version
+if [ "${1:-}" = "--tools-only" ]; then
+    step "tools installed"
+    exit 0
+fi
 
 # --- 1. Dockerfile lint --------------------------------------------------------------
 step "hadolint deploy/Dockerfile"
