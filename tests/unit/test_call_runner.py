@@ -69,7 +69,7 @@ def where_with(*args: Any, **kwargs: Any) -> tuple[str, tuple[Any, ...], dict[st
 
 def hold_session(engine: Engine, session_id: str = "s") -> None:
     """Mark the session as about to be held across fsyncs (SessionManager._exclusively)."""
-    engine.sessions.live("default", session_id).held_for_io = True
+    engine.sessions.live("default", session_id).log.held_for_io = True
 
 
 # -- the decision ------------------------------------------------------------------------

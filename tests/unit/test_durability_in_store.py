@@ -1,8 +1,10 @@
 """Durability is the store's (store/log.py), not the domain's.
 
-No module of python/stratad/domain/ fsyncs, renames files, reads journal records
-by hand or maps journals: they hand records to the log engine and get back what
-it recovered. The allowlist names the modules not moved yet; it only shrinks.
+No module of python/stratad/domain/ fsyncs, renames files, opens, replays or
+rewrites journals, or reads journal records by hand: they hand records to the
+log engine and get back what it recovered. And one commit path: the domain
+waits for durability only through the engine's tickets (store/commit.py's
+`sync_all` behind them), never by syncing a journal itself.
 """
 
 from __future__ import annotations
@@ -12,15 +14,19 @@ from pathlib import Path
 
 DOMAIN = Path(__file__).resolve().parents[2] / "python" / "stratad" / "domain"
 
-#: What only the store may do with files.
+#: What only the store may do with files and journals.
 FORBIDDEN = re.compile(
-    r"os\.fsync|os\.fdatasync|os\.replace|os\.rename|fsync_dir|_is_torn_tail|_read_record|\bmmap\b"
+    r"os\.fsync|os\.fdatasync|os\.replace|os\.rename|\.rename\(|fsync_dir|os\.write\b"
+    r"|_is_torn_tail|_read_record|\bmmap\b"
+    r"|read_records|parse_records|read_journal|rewrite_journal|open_journal|\.truncate\("
+    # One commit path: a journal synced by hand, or the commit function called
+    # from the domain, is a second one.
+    r"|journal\.sync\(|\.sync_now\(|commit\.sync_all|import sync_all"
 )
 
-#: Module (relative to domain/) -> why it may still: this list must shrink, not grow.
-ALLOWED = {
-    "sessions.py": "moves onto store/log.py next (docs/design.md, How to change it)",
-}
+#: Module (relative to domain/) -> why it may still. Empty since sessions moved
+#: onto the log engine; it must stay empty.
+ALLOWED: dict[str, str] = {}
 
 
 def offenders() -> dict[str, list[str]]:
@@ -36,18 +42,27 @@ def offenders() -> dict[str, list[str]]:
     return found
 
 
-def test_only_the_allowlisted_domain_modules_touch_durability() -> None:
+def test_no_domain_module_touches_durability() -> None:
     unexpected = {name: hits for name, hits in offenders().items() if name not in ALLOWED}
     assert not unexpected, f"durability belongs in store/log.py: {unexpected}"
 
 
-def test_the_allowlist_names_only_modules_that_still_need_it() -> None:
-    stale = set(ALLOWED) - set(offenders())
-    assert not stale, f"remove from ALLOWED (moved to the store): {sorted(stale)}"
-    assert len(ALLOWED) <= 1, "the allowlist only shrinks"
+def test_the_allowlist_stays_empty() -> None:
+    assert not ALLOWED, "every domain module goes through the log engine"
 
 
 def test_the_check_sees_what_it_forbids() -> None:
-    assert FORBIDDEN.search("os.fsync(fd)") and FORBIDDEN.search("import mmap")
-    assert FORBIDDEN.search("journal_mod._read_record(data, pos)")
-    assert not FORBIDDEN.search("self.log.append(record)")
+    for line in (
+        "os.fsync(fd)",
+        "import mmap",
+        "journal_mod._read_record(data, pos)",
+        "live.path.rename(trash)",
+        "self.store.rewrite_journal(path, records)",
+        "journal.sync(offset)",
+        "old.sync_now()",
+        "from stratad.store.commit import sync_all",
+        "journal_mod.read_records(path)",
+    ):
+        assert FORBIDDEN.search(line), line
+    for line in ("self.log.append(record)", "ticket.wait()", "self.sync_all()"):
+        assert not FORBIDDEN.search(line), line

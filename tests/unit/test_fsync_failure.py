@@ -189,6 +189,6 @@ def test_a_failed_syncfs_in_a_group_commit_stops_the_store(
     monkeypatch.setattr(fsync_module, "_syncfs", syncfs_fails)
     assert len(commit) >= SYNCFS_MIN_JOURNALS
     with pytest.raises(StorageFailedError):
-        sync_all(commit)
+        sync_all(pending.ticket for pending in commit)
     with pytest.raises(StorageFailedError):
         engine.checkpoints.load_state(TENANT, "s0")

@@ -250,7 +250,7 @@ class Admin:
             chunks: dict[str, int] = {}
             for live in self.sessions.sessions_of(store.name):
                 stats.sessions += 1
-                stats.stored_bytes += live.journal.size
+                stats.stored_bytes += live.log.size
             for _, cp in self._checkpoints(store):
                 stats.checkpoints += 1
                 stats.logical_bytes += cp.size

@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from stratad.domain.stamps import HybridClock
 from stratad.errors import InvalidArgumentError, StratadError
 from stratad.ids import validate_id
-from stratad.store import journal as journal_mod
 from stratad.store.journal import Record
+from stratad.store.log import Log, read_record_file
 from stratad.store.log import records as log_records
 from stratad.store.remote import FailureLog, NodeBeat, RemoteTier
 
@@ -377,9 +377,8 @@ class LibraryReplicator:
         """The node IDs this data directory answers for: it ran under them, or adopted them."""
         path = self.crystals.store.data_dir / NODES_FILE
         earlier: list[str] = []
-        if path.exists():
-            for record in journal_mod.read_records(path).records:
-                earlier = [str(node) for node in record.body["nodes"]]
+        for record in read_record_file(path):
+            earlier = [str(node) for node in record.body["nodes"]]
         self._remember([self.node_id])
         return earlier
 
@@ -415,12 +414,11 @@ class LibraryReplicator:
         """Add `nodes` to the IDs this data directory answers for (NODES_FILE)."""
         path = self.crystals.store.data_dir / NODES_FILE
         known: list[str] = []
-        if path.exists():
-            for record in journal_mod.read_records(path).records:
-                known = [str(node) for node in record.body["nodes"]]
+        for record in read_record_file(path):
+            known = [str(node) for node in record.body["nodes"]]
         merged = [*known, *(n for n in nodes if n not in known)]
         if merged != known:
-            self.crystals.store.rewrite_journal(path, [Record(NODES_KIND, {"nodes": merged})])
+            Log(self.crystals.store, path).replace([Record(NODES_KIND, {"nodes": merged})])
 
     def _adopt(self, nodes: list[str]) -> None:
         """Publish the share of `nodes` (earlier incarnations of this daemon) from now on."""

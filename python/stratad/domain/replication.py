@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable
@@ -33,9 +32,9 @@ from stratad import native, tracing
 from stratad.domain.library_replication import parse_segment
 from stratad.domain.models import SessionState, apply, roots
 from stratad.errors import AlreadyExistsError, DataLossError, NotFoundError, StratadError
-from stratad.store import journal as journal_mod
 from stratad.store import manifest
 from stratad.store.crypto import TENANT_KEY_NAME, EncryptionKeyError, RecordCipher
+from stratad.store.log import parse_journal
 from stratad.store.objects import NO_SIZE_LIMIT
 from stratad.store.remote import (
     FailureLog,
@@ -289,7 +288,7 @@ class Replicator:
         tried = 0
         for live in self.sessions.all_sessions():
             st = self._shipping(live)
-            if not st.rebase and st.shipped >= live.journal.size:
+            if not st.rebase and st.shipped >= live.log.size:
                 continue
             if st.head is None or st.head.owner != self.node_id:
                 continue  # never written here: nothing of ours to ship
@@ -320,11 +319,11 @@ class Replicator:
         with live.lock:
             if live.deleted:
                 return
-            end = live.journal.size
+            end = live.log.size
             rebase = st.rebase or (st.head is not None and len(st.head.segments) >= MAX_SEGMENTS)
             start = 0 if rebase else st.shipped
             st.rebase = False
-            data = _read_journal(live, start, end)
+            data = live.log.read(start, end)
         if not data and not claim:
             return
         tracing.annotate({"stratad.bytes": len(data), "stratad.replication.rebase": rebase})
@@ -344,7 +343,7 @@ class Replicator:
         st.head, st.shipped = new, end
         self.last_lag = time.time() - started
         with live.lock:
-            if live.journal.size <= end:
+            if live.log.size <= end:
                 st.dirty_since = 0.0
 
     def _delete_replaced(self, st: _Shipping, now_replaced: list[str]) -> None:
@@ -434,7 +433,7 @@ class Replicator:
             live = self.sessions.install(tenant, session_id, data)
             self._fetch_objects(live)
             st = self._shipping(live)
-            st.head, st.version, st.shipped = current.head, current.version, live.journal.size
+            st.head, st.version, st.shipped = current.head, current.version, live.log.size
             log.info("hydrated %s/%s from object storage (%d bytes)", tenant, session_id, len(data))
             return True
 
@@ -575,7 +574,7 @@ class Replicator:
                 data = self.remote.get_segment(path, name)
             except DataLossError as exc:
                 return exc.message
-            parsed = journal_mod.parse_records(data, cipher)
+            parsed = parse_journal(data, cipher)
             if parsed.valid_bytes != len(data):
                 return f"segment {name} is damaged at byte {parsed.valid_bytes}"
         return ""
@@ -660,7 +659,7 @@ class Replicator:
         behind, dirty = 0, []
         for key in owned:
             live = loaded.get(key)
-            unshipped = live.journal.size - states[key].shipped if live is not None else 0
+            unshipped = live.log.size - states[key].shipped if live is not None else 0
             if unshipped > 0:
                 behind += unshipped
                 dirty.append(states[key].dirty_since or time.time())
@@ -677,19 +676,9 @@ class Replicator:
 def replay_state(journal: bytes, cipher: RecordCipher | None = None) -> SessionState | None:
     """The session state a journal's records make (None: no creation record)."""
     state: SessionState | None = None
-    for record in journal_mod.parse_records(journal, cipher).records:
+    for record in parse_journal(journal, cipher).records:
         if record.kind in ("create", "snapshot"):
             state = SessionState.from_json(record.body["state"])
         elif state is not None:
             apply(state, record.kind, record.body)
     return state
-
-
-def _read_journal(live: LiveSession, start: int, end: int) -> bytes:
-    if end <= start:
-        return b""
-    fd = os.open(live.journal.path, os.O_RDONLY)
-    try:
-        return os.pread(fd, end - start, start)
-    finally:
-        os.close(fd)

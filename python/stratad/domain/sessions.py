@@ -1,9 +1,11 @@
 """Live sessions: recovery from journals, mutations, listing, deletion, events.
 
-Each session is a directory `<tenant>/sessions/<id>/` holding one journal.
-The in-memory `SessionState` is the journal replayed. A mutation runs under
-the session's lock: build the record, append it, apply it; the fsync that
-makes it durable happens after the lock is released (group commit), and the
+Each session is a directory `<tenant>/sessions/<id>/` holding one journal,
+a `Log` of the store's log engine (store/log.py: recovery, appends, tickets,
+compaction, the directory's installation and removal). The in-memory
+`SessionState` is the journal replayed. A mutation runs under the session's
+lock: build the record, append it, apply it; the fsync that makes it durable
+happens after the lock is released (its ticket, group-committed), and the
 caller is acknowledged only after it.
 """
 
@@ -13,11 +15,10 @@ import base64
 import collections
 import contextlib
 import logging
-import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,10 +40,9 @@ from stratad.errors import (
     session_not_found,
 )
 from stratad.ids import new_id, validate_id
-from stratad.store import journal as journal_mod
-from stratad.store.commit import sync_all
-from stratad.store.fsync import DIR_MODE, FILE_MODE
+from stratad.store.fsync import DIR_MODE
 from stratad.store.journal import Journal, Record
+from stratad.store.log import Log, Ticket, wait_all
 from stratad.store.store import Store
 from stratad.store.tenant import TenantStore
 
@@ -85,7 +85,8 @@ IDLE_COMPACT_MIN_BYTES = 16 << 10
 class LiveSession:
     tenant: TenantStore
     path: Path
-    journal: Journal
+    #: The session's journal (store/log.py): appends, tickets, compaction.
+    log: Log
     state: SessionState
     lock: threading.Lock = field(default_factory=threading.Lock)
     history: collections.deque[SessionEvent] = field(
@@ -111,10 +112,19 @@ class LiveSession:
     #: with the state's bytes before that chunk (an upload on that checkpoint
     #: resumes its digest check there; see Checkpoints._check_state_digest).
     digest_resume: dict[str, dict[int, Any]] = field(default_factory=dict)
-    #: The lock is about to be, or is, held across fsyncs (a compaction, a
-    #: deletion): calls for the session must not wait for it on the event loop
-    #: (see SessionManager.held_for_io).
-    held_for_io: bool = False
+
+    @property
+    def journal(self) -> Journal:
+        """The journal file open for appends (replaced by each compaction)."""
+        assert self.log.journal is not None
+        return self.log.journal
+
+    @property
+    def held_for_io(self) -> bool:
+        """The lock is about to be, or is, held across fsyncs (a compaction, a
+        deletion): calls for the session must not wait for it on the event
+        loop (see SessionManager.held_for_io)."""
+        return self.log.held_for_io
 
     @property
     def key(self) -> tuple[str, str]:
@@ -177,8 +187,7 @@ Builder = Callable[[LiveSession, int, float], Mutation]
 class PendingCommit:
     """A journaled, applied mutation still to be made durable and announced."""
 
-    journal: Journal
-    offset: int
+    ticket: Ticket
     key: tuple[str, str]
     event: SessionEvent
 
@@ -304,67 +313,43 @@ class SessionManager:
     def _recover_session(
         self, tenant: TenantStore, path: Path, report: collections.Counter[str]
     ) -> None:
-        jpath = path / JOURNAL
-        with contextlib.suppress(FileNotFoundError):
-            (path / (JOURNAL + ".tmp")).unlink()  # an interrupted compaction
-        if not jpath.exists():
+        journal = Log(self.store, path / JOURNAL, tenant.journal_bytes)
+        if not journal.exists():
             shutil.rmtree(path, ignore_errors=True)  # creation never acknowledged
             return
-        replay = self.store.read_journal(jpath)
-        if replay.torn_bytes:
-            journal_mod.truncate(jpath, replay.valid_bytes)
-            if replay.zero_tail:  # the preallocated space of a journal left open
+        replay = _Replay(tenant, path.name)
+        found = journal.recover(replay.apply, open_for_appends=False)
+        if found.cut_bytes:
+            if found.zero_tail:  # the preallocated space of a journal left open
                 report["zero_tails_cut"] += 1
-                log.info("cut %d zero bytes after the last record of %s", replay.torn_bytes, jpath)
+                log.info("cut %d zero bytes after the last record of %s", found.cut_bytes, path)
             else:
                 report["torn_tails_cut"] += 1
-                log.warning("cut a torn journal tail of %d bytes in %s", replay.torn_bytes, jpath)
-        if not replay.records:
-            if replay.corrupt_at is not None:
+                log.warning("cut a torn journal tail of %d bytes in %s", found.cut_bytes, path)
+        if replay.state is None:
+            if found.damaged_at is not None:
                 # The first record is damaged and valid ones follow: acknowledged
                 # history that cannot be replayed. Never delete it; leave the
                 # files for restoration from an export.
                 report["damaged_sessions"] += 1
-                log.error("journal %s is damaged at byte 0; the session is not loaded", jpath)
+                log.error("journal of %s is damaged at byte 0; the session is not loaded", path)
                 return
             shutil.rmtree(path, ignore_errors=True)  # creation never acknowledged
             return
-        state, history, restored = self._replay(tenant, path.name, replay.records)
-        report["objects_restored"] += restored
-        journal = self.store.open_journal(jpath, tenant.journal_bytes)
-        live = LiveSession(tenant, path, journal, state)
-        if replay.records[0].kind == "snapshot":  # compaction's threshold counts from it
-            live.snapshot_bytes = replay.first_end
-        live.history.extend(history)
-        if replay.corrupt_at is not None:
+        report["objects_restored"] += replay.restored
+        journal.open()
+        live = LiveSession(tenant, path, journal, replay.state)
+        live.snapshot_bytes = replay.snapshot_bytes  # compaction's threshold counts from it
+        live.history.extend(replay.history)
+        if found.damaged_at is not None:
             live.damaged = (
-                f"journal of session {state.session_id} is damaged at byte {replay.corrupt_at}; "
-                "run Verify and restore from a checkpoint export"
+                f"journal of session {replay.state.session_id} is damaged at byte "
+                f"{found.damaged_at}; run Verify and restore from a checkpoint export"
             )
             report["damaged_sessions"] += 1
             log.error(live.damaged)
         self._register(live)
         report["sessions"] += 1
-
-    def _replay(
-        self, tenant: TenantStore, owner: str, records: list[Record]
-    ) -> tuple[SessionState, list[SessionEvent], int]:
-        state: SessionState | None = None
-        history: list[SessionEvent] = []
-        restored = 0
-        for record in records:
-            if record.kind in ("create", "snapshot"):
-                state = SessionState.from_json(record.body["state"])
-            elif state is None:
-                raise DataLossError(f"journal of {owner} does not start with its creation")
-            else:
-                apply(state, record.kind, record.body)
-            for digest, frame in zip(inline_digests(record), record.blobs, strict=True):
-                restored += tenant.objects.restore(digest, frame, owner)
-            if record.kind != "snapshot":
-                history.append(event_of(record))
-        assert state is not None
-        return state, history, restored
 
     def _register(self, live: LiveSession) -> None:
         with self._lock:
@@ -407,17 +392,9 @@ class SessionManager:
         """Make a session from a whole journal (hydration from object storage)."""
         store = self.store.tenant(tenant)
         path = store.sessions_root / session_id
-        tmp = store.sessions_root / f"{_TRASH_PREFIX}install-{session_id}-{time.time_ns()}"
-        tmp.mkdir(mode=DIR_MODE)
-        fd = os.open(tmp / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        try:
-            os.write(fd, journal)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.store.fsync_dir(tmp)
-        tmp.rename(path)  # whole or absent after a crash (trash is removed at start)
-        self.store.fsync_dir(path.parent)
+        staging = store.sessions_root / f"{_TRASH_PREFIX}install-{session_id}-{time.time_ns()}"
+        # Whole or absent after a crash (trash is removed at start).
+        Log(self.store, path / JOURNAL).install(journal, staging)
         report = collections.Counter[str]()
         self._recover_session(store, path, report)
         with self._lock:
@@ -432,10 +409,9 @@ class SessionManager:
             if live.deleted:
                 return
             live.deleted = True
-            live.journal.close(trim=False)
             trash = live.path.with_name(f"{_TRASH_PREFIX}{live.state.session_id}-{time.time_ns()}")
             with contextlib.suppress(OSError):
-                live.path.rename(trash)
+                live.log.retire(trash, durable=False)
             with self._lock:
                 self._sessions.pop(live.key, None)
                 index = self._checkpoints[live.tenant.name]
@@ -521,24 +497,23 @@ class SessionManager:
                 path.mkdir(mode=DIR_MODE)
             except FileExistsError:
                 raise AlreadyExistsError(f"session {session_id!r} already exists") from None
-            journal = self.store.open_journal(path / JOURNAL, store.journal_bytes)
+            journal = Log(self.store, path / JOURNAL, store.journal_bytes)
+            journal.open()
             live = LiveSession(store, path, journal, state)
             self._sessions[live.key] = live  # reserve the ID while we write
         try:
             with live.lock:
                 create = Record("create", {"v": 1, "at": now, "state": state.to_record()})
-                offset = journal.append(create)
-                # The new directory's entry and the journal's entry in it.
-                self.store.fsync_dir(path.parent)
-                self.store.fsync_dir(path)
+                created = journal.append(create)
+                journal.sync_new_directory()
                 live.history.append(event_of(create))
         except Exception:
             with self._lock:
                 self._sessions.pop(live.key, None)
-            journal.close(trim=False)
+            live.journal.close(trim=False)
             shutil.rmtree(path, ignore_errors=True)
             raise
-        journal.sync(offset)
+        created.wait()
         if self.replicator is not None:
             try:
                 self.replicator.session_created(live)
@@ -600,9 +575,7 @@ class SessionManager:
             # Objects carried only by this journal must outlive it.
             self.store.persist_objects(live.tenant)
             trash = live.path.with_name(f"{_TRASH_PREFIX}{session_id}-{time.time_ns()}")
-            live.journal.close(trim=False)
-            live.path.rename(trash)
-            self.store.fsync_dir(live.path.parent)
+            live.log.retire(trash)
             live.deleted = True
             with self._lock:
                 self._sessions.pop(live.key, None)
@@ -648,8 +621,7 @@ class SessionManager:
             mutation = None
             try:
                 mutation = build(live, live.state.version + 1, time.time())
-                journal = live.journal
-                offset = journal.append(mutation.record)
+                ticket = live.log.append(mutation.record)
             except BaseException:
                 self._release_claims(live)
                 if mutation is not None and mutation.on_abort is not None:
@@ -667,7 +639,7 @@ class SessionManager:
                 self._written[live.key] = live
                 if outgrown:
                     self._to_compact[live.key] = live
-        pending = PendingCommit(journal, offset, live.key, mutation.event)
+        pending = PendingCommit(ticket, live.key, mutation.event)
         if commit is None:
             self.finish([pending])
         else:
@@ -677,7 +649,7 @@ class SessionManager:
     def finish(self, commit: Commit) -> None:
         """Make a batch of mutations durable (one fsync per journal), then announce them."""
         with tracing.span("stratad.journal.fsync", {"stratad.batch.calls": 1}):
-            sync_all(commit)
+            wait_all(p.ticket for p in commit)
         self.replicate(commit)
         self.announce(commit)
 
@@ -741,7 +713,7 @@ class SessionManager:
     def _outgrown(self, live: LiveSession) -> bool:
         """Is the session's journal past its compaction threshold (see COMPACT_MIN_BYTES)?"""
         threshold = max(self.compact_min_bytes, self.compact_factor * live.snapshot_bytes)
-        return live.journal.size > threshold
+        return live.log.size > threshold
 
     def compact_requested(self) -> None:
         """Background hook: compact the journals that outgrew their threshold, and
@@ -769,25 +741,18 @@ class SessionManager:
         for live in idle:
             del self._written[live.key]
         return [
-            live
-            for live in idle
-            if live.journal.size - live.snapshot_bytes >= IDLE_COMPACT_MIN_BYTES
+            live for live in idle if live.log.size - live.snapshot_bytes >= IDLE_COMPACT_MIN_BYTES
         ]
 
     def _compact(self, live: LiveSession) -> None:
         """Replace the journal by one snapshot record (objects fsynced first)."""
         self.store.persist_objects(live.tenant)
-        old = live.journal
-        old.sync_now()
         snapshot = Record(
             "snapshot",
             {"v": live.state.version, "at": time.time(), "state": live.state.to_record()},
         )
-        jpath = live.path / JOURNAL
-        self.store.rewrite_journal(jpath, [snapshot])
-        live.journal = self.store.open_journal(jpath, live.tenant.journal_bytes)
-        live.snapshot_bytes = live.journal.size
-        old.close(trim=False)
+        live.log.compact(lambda _reader: [snapshot])
+        live.snapshot_bytes = live.log.size
         if self.replicator is not None:
             self.replicator.compacted(live)
         log.debug("compacted %s/%s to %d bytes", *live.key, live.snapshot_bytes)
@@ -798,21 +763,10 @@ class SessionManager:
             check_usable(live)
             self._compact(live)
 
-    @contextlib.contextmanager
-    def _exclusively(self, live: LiveSession) -> Iterator[None]:
-        """Hold the session's lock across fsyncs (a compaction, a deletion): the
-        session is marked `held_for_io` first, and the lock taken only once the
-        event loop has finished what it was running (`loop_barrier`), so every
-        call the loop starts for the session from then on runs on a worker
-        thread instead (`held_for_io`) and no call already under way can be
-        left waiting for the disk on the loop."""
-        live.held_for_io = True
-        try:
-            self.loop_barrier()
-            with live.lock:
-                yield
-        finally:
-            live.held_for_io = False
+    def _exclusively(self, live: LiveSession) -> contextlib.AbstractContextManager[None]:
+        """Hold the session's lock across fsyncs (a compaction, a deletion); see
+        Log.exclusively: the event loop never waits for the disk meanwhile."""
+        return live.log.exclusively(live.lock, self.loop_barrier)
 
     def held_for_io(self, tenant: str, session_ids: str | Iterable[str]) -> bool:
         """Is the lock of any of these sessions held across fsyncs (or about to
@@ -825,6 +779,34 @@ class SessionManager:
             if live is not None and live.held_for_io:
                 return True
         return False
+
+
+class _Replay:
+    """A session's journal replayed record by record (Log.recover's reducer):
+    its state, the events it keeps, its snapshot's size, the objects restored
+    from the records' inline copies."""
+
+    def __init__(self, tenant: TenantStore, owner: str) -> None:
+        self.tenant = tenant
+        self.owner = owner
+        self.state: SessionState | None = None
+        self.history: collections.deque[SessionEvent] = collections.deque(maxlen=EVENT_HISTORY)
+        self.snapshot_bytes = 0
+        self.restored = 0
+
+    def apply(self, record: Record, start: int, end: int) -> None:
+        if record.kind in ("create", "snapshot"):
+            self.state = SessionState.from_json(record.body["state"])
+            if start == 0 and record.kind == "snapshot":
+                self.snapshot_bytes = end
+        elif self.state is None:
+            raise DataLossError(f"journal of {self.owner} does not start with its creation")
+        else:
+            apply(self.state, record.kind, record.body)
+        for digest, frame in zip(inline_digests(record), record.blobs, strict=True):
+            self.restored += self.tenant.objects.restore(digest, frame, self.owner)
+        if record.kind != "snapshot":
+            self.history.append(event_of(record))
 
 
 def validate_labels(labels: dict[str, str]) -> None:

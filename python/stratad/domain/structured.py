@@ -129,7 +129,7 @@ def mutate(
     try:
         applied: Applied[T] = sessions.mutate_live(live, expected_version, build, commit=commit)
     except Unchanged as exc:
-        live.journal.sync()  # at once when nothing is pending (the usual case)
+        live.log.ticket().wait()  # at once when nothing is pending (the usual case)
         if sessions.replicator is not None:  # `sync` mode: the original is shipped too
             sessions.replicator.replicate([live.key])
         return Applied(exc.result, exc.version)

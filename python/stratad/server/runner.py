@@ -336,7 +336,8 @@ class Runner:
     async def _commit(self, commit: Commit, on_durable: Callable[[], object] | None) -> None:
         engine = self.engine
         sync_replica = engine.replicator is not None and engine.replicator.mode == "sync"
-        await engine.committer.wait(commit, None if sync_replica else on_durable)
+        tickets = [pending.ticket for pending in commit]
+        await engine.committer.wait(tickets, None if sync_replica else on_durable)
         if sync_replica:
             await self._on_thread(engine.sessions.replicate, (commit,), {})
         engine.sessions.announce(commit)

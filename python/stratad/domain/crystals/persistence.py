@@ -162,8 +162,7 @@ class _JournaledLibraries:
         appended = lib.log.append_plain(plain)
         if self.replica is not None:
             lib.ticket = self.replica.published(lib.tenant, plain)
-        end = appended.end or 0
-        return appended.start, end - appended.start
+        return appended.start, appended.end - appended.start
 
     def _acknowledge(self, tenant: str, ticket: int) -> None:
         """After the local fsync: `sync` replication waits here for object storage."""

@@ -112,8 +112,11 @@ class CrystalLibraries(_JournaledLibraries):
                 TOOL_SIMILARITY_THRESHOLD,
             )
             if similar is None:
-                crystal, evicted, end = self._create(lib, draft, session_id)
-            journal, ticket = lib.journal, lib.ticket
+                crystal, evicted = self._create(lib, draft, session_id)
+            # Everything appended so far: this call's records, or (not novel)
+            # those of the call that stored the similar crystal.
+            durable = lib.log.ticket() if lib.journal is not None else None
+            ticket = lib.ticket
             if similar is None:
                 self._maybe_compact(lib)
         if similar is not None:
@@ -122,8 +125,8 @@ class CrystalLibraries(_JournaledLibraries):
             assert similar_id is not None
             # The crystal named may be another call's, not durable yet: never
             # answer ahead of it (locally, and in object storage in `sync` mode).
-            if journal is not None:
-                journal.sync()
+            if durable is not None:
+                durable.wait()
             self._acknowledge(tenant, ticket)
             return CrystallizeResult(
                 Outcome.NOT_NOVEL,
@@ -132,15 +135,15 @@ class CrystalLibraries(_JournaledLibraries):
                 goal_similarity=goal_similarity,
                 tool_similarity=tool_similarity,
             )
-        assert journal is not None
-        journal.sync(end)  # after a compaction: at once (it synced this journal)
+        assert durable is not None
+        durable.wait()  # after a compaction: at once (it synced this journal)
         self._acknowledge(tenant, ticket)
         return CrystallizeResult(Outcome.CREATED, threshold, crystal=crystal, evicted=evicted)
 
     def _create(
         self, lib: _Library, draft: Crystal, session_id: str
-    ) -> tuple[Crystal, tuple[str, ...], int]:
-        """Store a novel crystal (lock held); (it, the crystals evicted, the journal end)."""
+    ) -> tuple[Crystal, tuple[str, ...]]:
+        """Store a novel crystal (lock held); (it, the crystals evicted)."""
         created_at = self.clock()
         crystal_id = base = crystal_id_base(session_id, created_at) + self._id_tag()
         suffix = 2
@@ -153,15 +156,11 @@ class CrystalLibraries(_JournaledLibraries):
             body = _crystal_body(crystal, self.replica.clock.now(), self.replica.node_id)
         offset, size = self._append(lib, Record("crystal", body))
         slot = lib.insert(body, offset, size)
-        evicted, end = self._evict(lib, lib.config.max_crystals, keep=slot)
-        return crystal, evicted, max(end, offset + size)
+        return crystal, self._evict(lib, lib.config.max_crystals, keep=slot)
 
-    def _evict(
-        self, lib: _Library, limit: int, *, keep: int | None = None
-    ) -> tuple[tuple[str, ...], int]:
+    def _evict(self, lib: _Library, limit: int, *, keep: int | None = None) -> tuple[str, ...]:
         """Evict the least effective crystals (lock held) until at most `limit` remain."""
         evicted: list[str] = []
-        end = 0
         while len(lib) > limit:
             slot = lib.index.least_effective(keep)
             if slot is None:
@@ -169,14 +168,13 @@ class CrystalLibraries(_JournaledLibraries):
             crystal_id = lib.id_at[slot]
             assert crystal_id is not None
             record = self._delete_record(crystal_id, "evict")
-            offset, size = self._append(lib, record)
-            end = offset + size
+            self._append(lib, record)
             if "stamp" in record.body:
                 lib.bury(crystal_id, (record.body["stamp"], record.body["node"]))
             else:
                 lib.discard(crystal_id)
             evicted.append(crystal_id)
-        return tuple(evicted), end
+        return tuple(evicted)
 
     # -- reads --------------------------------------------------------------------
 
@@ -274,7 +272,7 @@ class CrystalLibraries(_JournaledLibraries):
             slot = lib.slot_of(crystal_id)
             self._check_writable(lib)
             if self.replica is not None:
-                offset, size = self._record_counted_reuse(lib, slot, success)
+                self._record_counted_reuse(lib, slot, success)
             else:
                 reuse_count = lib.reuses_at[slot] + 1
                 effectiveness = running_average(
@@ -289,17 +287,16 @@ class CrystalLibraries(_JournaledLibraries):
                         "reuse_count": reuse_count,
                     },
                 )
-                offset, size = self._append(lib, record)
+                self._append(lib, record)
                 lib.set_reuse(slot, effectiveness, reuse_count)
             crystal = lib.read(slot)
-            journal, ticket = lib.journal, lib.ticket
+            durable, ticket = lib.log.ticket(), lib.ticket
             self._maybe_compact(lib)
-        assert journal is not None
-        journal.sync(offset + size)
+        durable.wait()
         self._acknowledge(tenant, ticket)
         return crystal
 
-    def _record_counted_reuse(self, lib: _Library, slot: int, success: bool) -> tuple[int, int]:
+    def _record_counted_reuse(self, lib: _Library, slot: int, success: bool) -> None:
         """A reuse in a replicated library: this daemon's counters, cumulative (lock held).
 
         Each daemon journals its own totals for the crystal, so that reuses
@@ -313,9 +310,8 @@ class CrystalLibraries(_JournaledLibraries):
             "id": lib.id_at[slot], "seq": lib.seq_at[slot], "node": node,
             "reuses": reuses, "successes": successes,
         }  # fmt: skip
-        offset, size = self._append(lib, Record("reuse", body))
+        self._append(lib, Record("reuse", body))
         lib.add_reuses(slot, node, reuses, successes)
-        return offset, size
 
     def delete(self, tenant: str, crystal_id: str) -> None:
         validate_id(crystal_id, "crystal_id")
@@ -326,15 +322,14 @@ class CrystalLibraries(_JournaledLibraries):
             lib.slot_of(crystal_id)
             self._check_writable(lib)
             record = self._delete_record(crystal_id, "delete")
-            offset, size = self._append(lib, record)
+            self._append(lib, record)
             if "stamp" in record.body:
                 lib.bury(crystal_id, (record.body["stamp"], record.body["node"]))
             else:
                 lib.discard(crystal_id)
-            journal, ticket = lib.journal, lib.ticket
+            durable, ticket = lib.log.ticket(), lib.ticket
             self._maybe_compact(lib)
-        assert journal is not None
-        journal.sync(offset + size)
+        durable.wait()
         self._acknowledge(tenant, ticket)
 
     def set_config(
@@ -360,16 +355,14 @@ class CrystalLibraries(_JournaledLibraries):
                 old.min_success_score if min_success_score is None else min_success_score,
             )
             record = self._config_record(lib, config, self._stamped({}))
-            offset, size = self._append(lib, record)
+            self._append(lib, record)
             lib.config = config
             if "stamp" in record.body:
                 lib.config_key = (record.body["stamp"], record.body["node"])
-            evicted, end = self._evict(lib, config.max_crystals)
-            journal, ticket = lib.journal, lib.ticket
-            end = max(end, offset + size)
+            evicted = self._evict(lib, config.max_crystals)
+            durable, ticket = lib.log.ticket(), lib.ticket
             self._maybe_compact(lib)
-        assert journal is not None
-        journal.sync(end)
+        durable.wait()
         self._acknowledge(tenant, ticket)
         return config, len(evicted)
 
@@ -384,7 +377,7 @@ class CrystalLibraries(_JournaledLibraries):
         segment twice changes nothing the second time.
         """
         lib = self._writable(tenant)
-        changed, end = 0, 0
+        changed = 0
         with lib.lock:
             self._check_writable(lib)
             for record, data in records:
@@ -396,14 +389,13 @@ class CrystalLibraries(_JournaledLibraries):
                     continue
                 self._journal(lib)
                 appended = lib.log.append_plain(data)
-                end = appended.end or 0
-                self._apply(lib, record, appended.start, end - appended.start)
+                self._apply(lib, record, appended.start, appended.end - appended.start)
                 changed += 1
-            journal = lib.journal
+            durable = lib.log.ticket() if changed else None
             if changed:
                 self._maybe_compact(lib)
-        if changed and journal is not None:
-            journal.sync(end)
+        if durable is not None:
+            durable.wait()
         return changed
 
     def export_origin(self, tenant: str, nodes: Collection[str]) -> builtins.list[bytes]:
