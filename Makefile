@@ -50,6 +50,7 @@ lint: $(STAMP) ## ruff lint + format check; import contracts (layers point down,
 	$(VENV)/bin/ruff check python tests bench scripts examples
 	$(VENV)/bin/ruff format --check python tests bench scripts examples
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/gen_sync_client.py --check
 
 format: $(STAMP) ## Format Python and Rust code
 	$(VENV)/bin/ruff format python tests bench scripts examples
@@ -72,6 +73,10 @@ proto: $(STAMP) ## Regenerate python/stratad/api/v1 from proto/
 
 proto-check: $(STAMP) ## Fail if the committed generated code differs from proto/
 	$(PY) scripts/gen_proto.py --check
+
+.PHONY: sdk-gen
+sdk-gen: $(STAMP) ## Regenerate the blocking SDK client's methods (sdk/_sync_methods.py) from the async ones
+	$(PY) scripts/gen_sync_client.py
 
 go-tools: ## Build (once, cached in ~/.cache/stratad-tools/bin) buf, protoc-gen-go, protoc-gen-go-grpc, grpcurl; needs Go
 	bash scripts/go-tools.sh install

@@ -283,11 +283,14 @@ def test_no_rpc_is_listed_twice() -> None:
 
 
 def public_members(cls: type) -> dict[str, Any]:
-    """Public methods, classmethods and properties (``__init__`` too), undecorated."""
+    """Public methods, classmethods and properties (``__init__`` too), undecorated,
+    inherited ones included: the RPC methods are the method layer's, a base class
+    (sdk/_async_methods.py, and sdk/_sync_methods.py generated from it)."""
     members = {"__init__": cls.__init__}
-    for name, value in vars(cls).items():
-        if not name.startswith("_"):
-            members[name] = value
+    for klass in reversed(cls.__mro__[:-1]):  # the most derived last; object's left out
+        for name, value in vars(klass).items():
+            if not name.startswith("_"):
+                members[name] = value
     return members
 
 
