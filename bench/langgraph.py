@@ -129,6 +129,10 @@ class Run:
     cpu: float  # client + server CPU seconds over the invoke
     latest: float  # seconds, median
     list10: float  # seconds, median
+    #: Wall seconds of one `put` and of one `put_writes` during the invoke, medians
+    #: (each of StratadSaver's is a call answered after its journal's fsync).
+    put: float = 0.0
+    writes: float = 0.0
     #: StratadSaver only: bytes of the object packs and of the session journals.
     parts: tuple[int, int] = (0, 0)
 
@@ -138,9 +142,13 @@ def run_graph(
     steps: int,
     thread: str,
     server_cpu: Callable[[], float] = lambda: 0.0,
-) -> tuple[float, float, float, float]:
+) -> tuple[float, float, float, float, float, float]:
     """Run the conversation; returns (wall time of the invoke, client + server CPU
-    over it, median get latest, median list(limit=10))."""
+    over it, median get latest, median list(limit=10), median put, median put_writes)."""
+    put_times: list[float] = []
+    writes_times: list[float] = []
+    saver.put = _timed(saver.put, put_times)
+    saver.put_writes = _timed(saver.put_writes, writes_times)
     graph = build_graph(steps).compile(checkpointer=saver)
     config = {"configurable": {"thread_id": thread}, "recursion_limit": steps + 10}
     _workload.message(steps)  # draw the words outside the timed part
@@ -164,7 +172,23 @@ def run_graph(
         listed = list(saver.list({"configurable": {"thread_id": thread}}, limit=10))
         list_times.append(time.perf_counter() - t0)
         assert len(listed) == 10
-    return elapsed, cpu, statistics.median(latest_times), statistics.median(list_times)
+    return (
+        elapsed, cpu, statistics.median(latest_times), statistics.median(list_times),
+        statistics.median(put_times), statistics.median(writes_times),
+    )  # fmt: skip
+
+
+def _timed(call: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
+    """`call`, appending the wall time of each call to `into`."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - started)
+
+    return timed
 
 
 @dataclass
@@ -210,6 +234,14 @@ class Result:
     @property
     def list10(self) -> float | None:
         return self._median("list10")
+
+    @property
+    def put(self) -> float | None:
+        return self._median("put")
+
+    @property
+    def writes(self) -> float | None:
+        return self._median("writes")
 
 
 STRATAD = "StratadSaver (daemon, fsync)"
@@ -308,6 +340,20 @@ def sdk_bytes(steps: int) -> tuple[int, tuple[int, int]]:
         objects = sum(disk_usage(t / "objects")[0] for t in tenants)
         journals = sum(disk_usage(t / "sessions")[0] for t in tenants)
     return stored, (objects, journals)
+
+
+def message_sizes(steps: int) -> tuple[int, int]:
+    """The conversation's `steps` messages serialized as each path stores them:
+    (as LangGraph's messages through the saver's serde, one piece per message, as
+    StratadSaver stores them; as the SDK path's JSON). Both are compressed the
+    same way by the daemon, so their ratio is where the objects' ratio comes from."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    messages = add_messages([], [_workload.message(i) for i in range(steps)])
+    serde = JsonPlusSerializer()
+    saver_bytes = sum(len(serde.dumps_typed(m)[1]) for m in messages)
+    json_bytes = len(_workload.conversation_state(steps - 1))
+    return saver_bytes, json_bytes
 
 
 # -- PostgreSQL ----------------------------------------------------------------------
@@ -484,6 +530,14 @@ def targets(results: Sequence[Result], sdk: dict[int, tuple[int, tuple[int, int]
             f"journals {fmt_bytes(journals)} (SDK path {fmt_bytes(sdk_journals)}; "
             "StratadSaver's also hold every put_writes, the new message once more)"
         )
+        saver_bytes, json_bytes = message_sizes(top)
+        lines.append(
+            f"  - why the objects differ: the {top} messages serialized as StratadSaver "
+            f"stores them (LangGraph's message objects, one piece each) are "
+            f"{fmt_bytes(saver_bytes)}, the same conversation as the SDK path's JSON "
+            f"{fmt_bytes(json_bytes)} ({saver_bytes / json_bytes:.2f}x); why the journals "
+            "differ: every step's put_writes is journaled with its message"
+        )
     for steps in counts:
         o, s = get(STRATAD, steps), get(SQLITE, steps)
         assert o.sps and s.sps and o.saver_cpu and s.saver_cpu
@@ -495,10 +549,14 @@ def targets(results: Sequence[Result], sdk: dict[int, tuple[int, tuple[int, int]
             f"{b.seconds / a.seconds:.2f}x" for a, b in zip(o.runs, s.runs, strict=False)
         )
         cpu = o.saver_cpu / s.saver_cpu
+        assert o.put and o.writes and s.put and s.writes
         lines += [
             f"- steps/s at {steps} steps: {speed:.2f}x SqliteSaver's (medians; target >= "
             f"{want}x): {_verdict(speed >= want)}; run by run {rounds}, median "
-            f"{per_round:.2f}x: {_verdict(per_round >= want)}",
+            f"{per_round:.2f}x: {_verdict(per_round >= want)}. Wall time of a step's two "
+            f"saver calls (medians): put {_ms(o.put)} ms + put_writes {_ms(o.writes)} ms "
+            f"= {_ms(o.put + o.writes)} ms, SqliteSaver's {_ms(s.put)} + {_ms(s.writes)} "
+            f"= {_ms(s.put + s.writes)} ms",
             f"- CPU per put at {steps} steps (client + server, beyond the graph's own "
             f"{_ms(o.graph_cpu)} ms): {_ms(o.saver_cpu)} ms, {cpu:.2f}x SqliteSaver's "
             f"{_ms(s.saver_cpu)} ms (target <= 1.5x): {_verdict(cpu <= 1.5)}",
@@ -531,7 +589,11 @@ and sends only the chunks after the first difference. SqliteSaver serializes and
 writes the whole checkpoint every step, PostgresSaver every channel whose version
 changed (here `messages` at every step), so their cost per step grows with the
 conversation. Every step also calls put_writes (a second journaled call for
-StratadSaver), and the writes keep each new message once more. get latest and
+StratadSaver), and the writes keep each new message once more. Each of
+StratadSaver's two calls per step is a round trip to the daemon answered after
+its journal's fdatasync, and costs about the same at 500 and 2,000 steps (the
+"wall time of a step's two saver calls" above); SqliteSaver's commits are
+in-process and grow with the checkpoint it rewrites whole. get latest and
 list(limit=10) of StratadSaver load the states from the daemon and decode only the
 messages the saver has not decoded or serialized before (as after a run); SqliteSaver
 decodes every checkpoint whole. CPU per step counts this process (graph work
